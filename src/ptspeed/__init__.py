@@ -1,0 +1,3 @@
+"""ptspeed: reproducible PyTorch speed benchmarks across versions and optimisations."""
+
+__version__ = "0.1.0"

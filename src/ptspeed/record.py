@@ -1,0 +1,241 @@
+"""The cell record: the one JSON document every benchmark cell writes, whatever happens.
+
+Every field is declared once, here, with its meaning in the field's ``help`` metadata.
+:func:`json_schema` derives the JSON Schema from these dataclasses, so the documentation, the
+schema and the writer cannot drift apart.
+
+This module must import under Python 3.10 without torch: the cell watchdog uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+SCHEMA_VERSION = 1
+
+STATUSES = ("ok", "unsupported", "failed", "oom", "timeout", "numerics_mismatch")
+
+
+def _doc(text: str, default: Any = dataclasses.MISSING) -> Any:
+    if default is dataclasses.MISSING:
+        return field(metadata={"help": text})
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class CellSpec:
+    """What was asked for: one point of the benchmark matrix."""
+
+    model: str = _doc("Model name from the registry, e.g. 'resnet50'.")
+    variant: str = _doc("Variant name as configured, e.g. 'compile'.")
+    knobs: str = _doc("The knob string the variant stands for, e.g. 'compile+amp=bf16'.")
+    mode: str = _doc("'train' (forward, backward, optimizer step) or 'infer' (forward only).")
+    batch_size: int = _doc("Samples per step.")
+    image_size: int = _doc("Image side in pixels (image models).", 224)
+    seq_len: int = _doc("Sequence length in tokens (text models).", 128)
+    env: str = _doc("Name of the PyTorch environment the cell ran in.", "host")
+    trial: int = _doc("Trial index; trials are independent processes.", 0)
+    seed: int = _doc("Seed for weights and synthetic data.", 0)
+    warmup_steps: int = _doc("Steps run before measuring (the first holds compilation).", 3)
+    measured_steps: int = _doc("Steps whose times make the throughput.", 10)
+    numerics_steps: int = _doc("Leading steps compared with the eager fp32 reference.", 2)
+    device: str = _doc("Requested device: 'auto', 'cpu' or 'cuda'.", "auto")
+    threads: int = _doc("CPU threads for torch (0: torch's default).", 0)
+    timeout_s: float = _doc("Wall-clock limit of the cell; past it the cell is a 'timeout'.", 1800.0)
+    fault: str = _doc("Injected fault for testing the suite itself ('' in real runs).", "")
+
+
+@dataclass
+class Metrics:
+    """What was measured. Times in seconds; absent values are null."""
+
+    throughput_samples_per_s: Optional[float] = _doc(
+        "batch_size x measured_steps / wall time of the measured steps.", None
+    )
+    measured_wall_s: Optional[float] = _doc("Wall time of the measured steps (synchronised).", None)
+    step_time_p50_s: Optional[float] = _doc("Median measured step time.", None)
+    step_time_p90_s: Optional[float] = _doc("90th percentile of measured step times.", None)
+    step_time_mean_s: Optional[float] = _doc("Mean measured step time.", None)
+    step_times_s: list[float] = _doc("Every measured step's time, in order.", [])
+    first_step_s: Optional[float] = _doc(
+        "Time of the first step, compilation included (synchronised).", None
+    )
+    warmup_s: Optional[float] = _doc("Time of all warm-up steps, the first included.", None)
+    peak_memory_bytes: Optional[int] = _doc("Peak memory while stepping (see memory_kind).", None)
+    memory_kind: str = _doc(
+        "'cuda_allocator_peak' (torch.cuda.max_memory_allocated) or 'process_peak_rss'.", ""
+    )
+    loss_first: Optional[float] = _doc("Loss of the first step (train mode).", None)
+    loss_last: Optional[float] = _doc("Loss of the last measured step (train mode).", None)
+    flops_per_sample: Optional[float] = _doc(
+        "Model FLOPs per sample of one step, counted on the eager fp32 model (torch >= 2.1).", None
+    )
+    achieved_flops_per_s: Optional[float] = _doc(
+        "flops_per_sample x throughput_samples_per_s.", None
+    )
+
+
+@dataclass
+class NumericsCheck:
+    """The comparison of the variant with an eager fp32 run from the same seed."""
+
+    checked: bool = _doc("Whether a comparison was made.", False)
+    reason: str = _doc("Why not, when checked is false.", "")
+    compared: str = _doc("'loss' (train: loss of each leading step) or 'output' (infer).", "")
+    precision: str = _doc("Precision the tolerance was chosen for: fp32, bf16 or fp16.", "")
+    tolerance: Optional[float] = _doc("Largest relative error accepted.", None)
+    max_relative_error: Optional[float] = _doc("Largest relative error found.", None)
+    variant_values: list[float] = _doc("The variant's losses (train) or output norm (infer).", [])
+    reference_values: list[float] = _doc("The reference's losses or output norm.", [])
+    passed: Optional[bool] = _doc("max_relative_error <= tolerance.", None)
+
+
+@dataclass
+class Provenance:
+    """Where and with what the numbers were made."""
+
+    torch: str = _doc("torch.__version__ ('' where torch was not imported).", "")
+    cuda: str = _doc("CUDA version torch was built with ('' for a CPU build).", "")
+    cudnn: str = _doc("cuDNN version ('' when unavailable).", "")
+    device_name: str = _doc("GPU name, or the CPU model on CPU.", "")
+    device_index: Optional[int] = _doc("CUDA device index used, null on CPU.", None)
+    cuda_visible_devices: str = _doc("CUDA_VISIBLE_DEVICES as the cell saw it.", "")
+    gpu_driver: str = _doc("NVIDIA driver version ('' without a GPU).", "")
+    cpu_model: str = _doc("CPU model name.", "")
+    cpu_count: int = _doc("Logical CPUs of the machine.", 0)
+    torch_threads: int = _doc("torch.get_num_threads() during the cell.", 0)
+    python: str = _doc("Python version.", "")
+    packages: dict[str, str] = _doc("Versions of torch, torchvision, transformers, numpy.", {})
+    git_commit: str = _doc("Commit of the suite's code ('' outside a checkout).", "")
+    git_dirty: Optional[bool] = _doc("Whether the checkout had uncommitted changes.", None)
+    hostname: str = _doc("Host name.", "")
+    container_image: str = _doc("Container image (name or digest), '' outside containers.", "")
+    platform: str = _doc("OS and architecture.", "")
+
+
+@dataclass
+class Record:
+    """One benchmark cell's outcome. Written once, atomically, for every cell."""
+
+    cell: CellSpec = _doc("What was asked for.")
+    status: str = _doc("One of: " + ", ".join(STATUSES) + ".")
+    reason: str = _doc("Why, for any status but 'ok' ('' when ok).", "")
+    detail: str = _doc("Extra diagnostics, e.g. the end of a traceback.", "")
+    metrics: Metrics = _doc("What was measured.", None)
+    numerics: NumericsCheck = _doc("Comparison with the eager fp32 reference.", None)
+    provenance: Provenance = _doc("Software and hardware.", None)
+    started_at: str = _doc("UTC start time, ISO 8601.", "")
+    finished_at: str = _doc("UTC end time, ISO 8601.", "")
+    duration_s: Optional[float] = _doc("Wall time of the whole cell process.", None)
+    schema_version: int = _doc("Version of this record layout.", SCHEMA_VERSION)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status: {self.status!r} is not one of {', '.join(STATUSES)}")
+        self.metrics = self.metrics or Metrics()
+        self.numerics = self.numerics or NumericsCheck()
+        self.provenance = self.provenance or Provenance()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Record:
+        return _from_dict(cls, data)
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = _from_dict(hint, value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_record(record: Record, path: str | os.PathLike[str]) -> None:
+    write_atomic(path, json.dumps(record.to_dict(), indent=2, allow_nan=False) + "\n")
+
+
+def read_record(path: str | os.PathLike[str]) -> Record:
+    with open(path, encoding="utf-8") as handle:
+        return Record.from_dict(json.load(handle))
+
+
+# --- JSON Schema, derived from the dataclasses above -------------------------------------------
+
+_SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def _schema_of(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        schema = _schema_of(inner[0])
+        schema["type"] = [schema["type"], "null"] if "type" in schema else schema["type"]
+        return schema
+    if origin is list:
+        return {"type": "array", "items": _schema_of(args[0])}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _schema_of(args[1])}
+    if dataclasses.is_dataclass(hint):
+        return _dataclass_schema(hint)
+    if hint is float:
+        return {"type": "number"}
+    return {"type": _SCALARS[hint]}
+
+
+def _dataclass_schema(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    properties = {}
+    for f in dataclasses.fields(cls):
+        prop = _schema_of(hints[f.name])
+        prop["description"] = f.metadata.get("help", "")
+        properties[f.name] = prop
+    return {
+        "type": "object",
+        "description": (cls.__doc__ or "").strip(),
+        "properties": properties,
+        "required": [f.name for f in dataclasses.fields(cls)],
+        "additionalProperties": False,
+    }
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (2020-12) of a record as written by :func:`write_record`."""
+    schema = _dataclass_schema(Record)
+    schema["properties"]["status"]["enum"] = list(STATUSES)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "ptspeed cell record"
+    return schema
