@@ -1,0 +1,63 @@
+"""Aggregate cell records into results/tables: runs.csv, summary.csv and speedups.csv.
+
+    python scripts/aggregate.py --config CONFIG --claims config/claims.yaml \
+        --records results/records/*.json --out-dir results/tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import pandas as pd
+
+from ptspeed.aggregate import (
+    load_records,
+    read_mapping,
+    records_listed_in,
+    speedups,
+    summarise,
+)
+from ptspeed.record import write_atomic
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="merged config (YAML or JSON)")
+    parser.add_argument("--claims", required=True, help="published figures (claims.yaml)")
+    parser.add_argument("--records", nargs="*", default=[], help="cell record files")
+    parser.add_argument("--records-from", help="a file listing record paths, one per line")
+    parser.add_argument("--out-dir", required=True, help="where the three CSVs go")
+    return parser.parse_args(argv)
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    write_atomic(path, frame.to_csv(index=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config, claims = read_mapping(args.config), read_mapping(args.claims)
+        paths = [
+            *args.records,
+            *(records_listed_in(args.records_from) if args.records_from else []),
+        ]
+        runs = load_records(paths)
+        summary = summarise(runs)
+        comparisons = speedups(summary, config, claims)
+        out_dir = Path(args.out_dir)
+        write_csv(runs, out_dir / "runs.csv")
+        write_csv(summary, out_dir / "summary.csv")
+        write_csv(comparisons, out_dir / "speedups.csv")
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Build (or reuse) the venv of one environment and write its interpreter's path to --link.
+
+    python scripts/build_env.py --name torch-2.0 --requirements envs/torch-2.0.txt \\
+        --python 3.10 --dest .cache/envs --link results/envs/torch-2.0.path
+
+Runs from the repository root without the package installed.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from ptspeed.envbuild import EnvBuildError, build_venv, venv_python
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True, help="environment name, e.g. torch-2.0")
+    parser.add_argument("--requirements", required=True, type=Path, help="hash-locked file")
+    parser.add_argument("--python", required=True, help="major.minor, e.g. 3.10")
+    parser.add_argument("--dest", required=True, type=Path, help="directory of the venvs")
+    parser.add_argument("--link", required=True, type=Path, help="file to write the path to")
+    return parser.parse_args(argv)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        venv = build_venv(args.name, args.requirements, args.python, args.dest)
+        write_atomically(args.link, f"{venv_python(venv)}\n")
+    except (EnvBuildError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Render the report (index.html and report.md) from the aggregated tables.
+
+    python scripts/render_report.py --runs results/tables/runs.csv \
+        --summary results/tables/summary.csv --speedups results/tables/speedups.csv \
+        --config CONFIG --claims config/claims.yaml --out-dir results/report
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import jinja2
+import pandas as pd
+
+from ptspeed.aggregate import read_mapping, read_table
+from ptspeed.report import render
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", required=True, help="runs.csv")
+    parser.add_argument("--summary", required=True, help="summary.csv")
+    parser.add_argument("--speedups", required=True, help="speedups.csv")
+    parser.add_argument("--config", required=True, help="merged config (YAML or JSON)")
+    parser.add_argument("--claims", required=True, help="published figures (claims.yaml)")
+    parser.add_argument("--out-dir", required=True, help="where index.html and report.md go")
+    parser.add_argument("--templates-dir", help="templates (default: the repository's)")
+    return parser.parse_args(argv)
+
+
+def read_csv(path: str) -> pd.DataFrame:
+    try:
+        return read_table(path)
+    except pd.errors.ParserError as error:
+        raise ValueError(f"{path}: not a CSV table ({error})") from error
+    except pd.errors.EmptyDataError as error:
+        raise ValueError(f"{path}: empty file") from error
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        tables = [read_csv(path) for path in (args.runs, args.summary, args.speedups)]
+        config, claims = read_mapping(args.config), read_mapping(args.claims)
+        render(*tables, config, claims, args.out_dir, templates_dir=args.templates_dir)
+    except (OSError, ValueError, KeyError, jinja2.TemplateError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

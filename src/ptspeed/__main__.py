@@ -1,0 +1,5 @@
+import sys
+
+from ptspeed.cli import main
+
+sys.exit(main())

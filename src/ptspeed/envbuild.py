@@ -1,0 +1,339 @@
+"""Build the virtualenv of a PyTorch environment from its hash-locked requirements.
+
+The venv of environment NAME lives in ``<dest_root>/<NAME>-<lock hash>/`` and is reused for as
+long as its marker file (written last) says that it was built completely from the same lock.
+Standard library only: this runs in the orchestrating interpreter, which has no torch.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+MARKER_NAME = "ptspeed-env.json"
+DEFAULT_VERIFY_IMPORTS: tuple[str, ...] = ("torch", "torchvision", "transformers")
+
+_VERSION_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
+_IMPORT_PROBE = """\
+import importlib, json, platform, sys
+found = {"python": platform.python_version()}
+for module in sys.argv[1:]:
+    found[module] = getattr(importlib.import_module(module), "__version__", None)
+print(json.dumps(found))
+"""
+# Each would make pip or the import check look outside the venv being built.
+_LEAKY_ENV_VARS = ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "PIP_TARGET", "PIP_PREFIX")
+_PIN_LINE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)")
+
+
+class EnvBuildError(RuntimeError):
+    """An environment cannot be built; the message is one line that says what to do."""
+
+
+def find_python(version: str, env_name: str | None = None) -> Path:
+    """Return an interpreter of ``version`` (major.minor) that runs and reports that version.
+
+    Looks on PATH (``python3.10``), then in pyenv's versions, then asks ``uv python find``.
+    """
+    _check_version_format(version)
+    for candidate in _python_candidates(version):
+        if _reports_version(candidate, version):
+            return candidate
+    needed_by = f" (needed by environment {env_name})" if env_name else ""
+    raise EnvBuildError(
+        f"no Python {version} found{needed_by}: install it with "
+        f"`pyenv install {version}` or `uv python install {version}`"
+    )
+
+
+def lock_hash(requirements_path: str | os.PathLike[str]) -> str:
+    """Short (16 hex digits) sha256 of the requirements file's content."""
+    return hashlib.sha256(Path(requirements_path).read_bytes()).hexdigest()[:16]
+
+
+def pinned_version(requirements_path: str | os.PathLike[str], distribution: str) -> str | None:
+    """The version that the requirements file pins ``distribution`` to (``name==version``)."""
+    wanted = _normalise_name(distribution)
+    for line in Path(requirements_path).read_text().splitlines():
+        match = _PIN_LINE.match(line)
+        if match and _normalise_name(match[1]) == wanted:
+            return match[2]
+    return None
+
+
+def find_uv() -> str | None:
+    """uv on PATH, else the one installed next to the running interpreter (a venv's bin/)."""
+    on_path = shutil.which("uv")
+    if on_path:
+        return on_path
+    beside_interpreter = Path(sys.executable).parent / "uv"
+    if beside_interpreter.is_file() and os.access(beside_interpreter, os.X_OK):
+        return str(beside_interpreter)
+    return None
+
+
+def build_venv(
+    name: str,
+    requirements: str | os.PathLike[str],
+    python_version: str,
+    dest_root: str | os.PathLike[str],
+    *,
+    python: str | os.PathLike[str] | None = None,
+    verify_imports: Sequence[str] = DEFAULT_VERIFY_IMPORTS,
+) -> Path:
+    """Build (or reuse) the venv of environment ``name`` and return its directory.
+
+    The venv is built in a temporary directory beside its final place and renamed into place
+    once pip has installed the lock, the imports in ``verify_imports`` work, the first of them
+    has the version that the lock pins, and the marker is written. ``python`` overrides the
+    interpreter that ``find_python(python_version)`` would choose.
+    """
+    requirements = Path(requirements).absolute()
+    if not requirements.is_file():
+        raise EnvBuildError(f"requirements file {requirements} not found")
+    _check_version_format(python_version)
+    if not verify_imports:
+        raise EnvBuildError("verify_imports must name at least one module")
+    digest = lock_hash(requirements)
+    final = Path(dest_root).absolute() / f"{name}-{digest}"
+    if _is_complete(final, name, digest, python_version):
+        _say(f"reusing environment {name}: {final}")
+        return final
+
+    interpreter = Path(python) if python else find_python(python_version, env_name=name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    _remove(staging)
+    try:
+        _say(f"building environment {name} (Python {python_version}, {requirements}): {final}")
+        create = [str(interpreter), "-m", "venv", "--prompt", final.name, str(staging)]
+        _run_step(create, f"creating the venv of {name}")
+        _pip_install(staging, requirements, name)
+        found = _import_versions(staging, verify_imports, name)
+        _check_versions(found, requirements, python_version, verify_imports[0], name)
+        _retarget_paths(staging, final)
+        _write_marker(staging, name, found, digest, requirements)
+        return _move_into_place(staging, final, name, digest, python_version)
+    finally:
+        _remove(staging)
+
+
+def venv_python(venv: str | os.PathLike[str]) -> Path:
+    """The venv's own interpreter (a symlink: never resolve it, or the venv is lost)."""
+    return Path(venv).absolute() / "bin" / "python"
+
+
+def _check_version_format(version: str) -> None:
+    if not re.fullmatch(r"\d+\.\d+", version):
+        raise EnvBuildError(f"Python version must be major.minor (like 3.10), not {version!r}")
+
+
+def _python_candidates(version: str) -> Iterator[Path]:
+    yield from _on_path(f"python{version}")
+    yield from _in_pyenv(version)
+    found_by_uv = _found_by_uv(version)
+    if found_by_uv:
+        yield found_by_uv
+
+
+def _on_path(command: str) -> Iterator[Path]:
+    # Every PATH entry, not only the first hit: pyenv puts a shim first that may refuse to run.
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(directory or ".") / command
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            yield candidate
+
+
+def _in_pyenv(version: str) -> Iterator[Path]:
+    root = _pyenv_root()
+    if root is None:
+        return
+    installs = sorted((root / "versions").glob(f"{version}.*"), key=_patch_key, reverse=True)
+    for install in installs:
+        candidate = install / "bin" / "python"
+        if candidate.is_file():
+            yield candidate
+
+
+def _pyenv_root() -> Path | None:
+    if os.environ.get("PYENV_ROOT"):
+        return Path(os.environ["PYENV_ROOT"])
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        answer = _quiet_run([pyenv, "root"])
+        if answer is not None:
+            return Path(answer)
+    default = Path.home() / ".pyenv"
+    return default if default.is_dir() else None
+
+
+def _patch_key(install: Path) -> tuple[int, bool]:
+    """Newest patch first; a final release before a pre-release of the same patch."""
+    match = re.fullmatch(r"\d+\.\d+\.(\d+)(.*)", install.name)
+    return (int(match[1]), match[2] == "") if match else (-1, False)
+
+
+def _found_by_uv(version: str) -> Path | None:
+    uv = find_uv()
+    if uv is None:
+        return None
+    # --system: a project's .venv of the right version is no base for another venv.
+    answer = _quiet_run([uv, "python", "find", "--system", version])
+    return Path(answer) if answer else None
+
+
+def _reports_version(python: Path, version: str) -> bool:
+    return _quiet_run([str(python), "-c", _VERSION_PROBE]) == version
+
+
+def _quiet_run(command: list[str]) -> str | None:
+    """The command's stripped stdout when it succeeds, else None; its stderr is dropped."""
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, env=_child_env(), check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _child_env() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in _LEAKY_ENV_VARS}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def _run_step(command: list[str], what: str, capture_stdout: bool = False) -> str:
+    """Run one build step with its output going to ours (the rule's log); fail in one line."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        done = subprocess.run(
+            command,
+            env=_child_env(),
+            stdout=subprocess.PIPE if capture_stdout else None,
+            text=True,
+            check=False,
+        )
+    except OSError as error:
+        raise EnvBuildError(f"{what} failed: {error}") from error
+    if done.returncode != 0:
+        raise EnvBuildError(f"{what} failed (exit {done.returncode}); its output is above")
+    return done.stdout or ""
+
+
+def _pip_install(venv: Path, requirements: Path, name: str) -> None:
+    command = [str(venv_python(venv)), "-m", "pip", "install", "--require-hashes", "--no-deps"]
+    _run_step([*command, "-r", str(requirements)], f"installing the lock of {name}")
+
+
+def _import_versions(venv: Path, modules: Sequence[str], name: str) -> dict[str, str | None]:
+    what = f"importing {', '.join(modules)} in {name}"
+    output = _run_step([str(venv_python(venv)), "-c", _IMPORT_PROBE, *modules], what, True)
+    try:
+        return json.loads(output.strip().splitlines()[-1])
+    except (IndexError, ValueError) as error:
+        raise EnvBuildError(f"{what} printed no versions: {output[-200:]!r}") from error
+
+
+def _check_versions(
+    found: dict[str, str | None],
+    requirements: Path,
+    python_version: str,
+    module: str,
+    name: str,
+) -> None:
+    python_found = found.get("python") or ""
+    if not python_found.startswith(f"{python_version}."):
+        raise EnvBuildError(f"the venv of {name} runs Python {python_found}, not {python_version}")
+    pinned = pinned_version(requirements, module)
+    if pinned is None:
+        raise EnvBuildError(f"{requirements} does not pin {module}==<version>")
+    installed = found.get(module) or ""
+    # PyPI's CUDA wheels report a local version (1.13.1+cu117) that the lock does not spell.
+    if installed != pinned and installed.split("+")[0] != pinned:
+        raise EnvBuildError(f"{name}: the lock pins {module}=={pinned}, the venv has {installed}")
+
+
+def _retarget_paths(staging: Path, final: Path) -> None:
+    """Point the scripts' shebangs and activate files at the final place before the rename."""
+    old, new = str(staging).encode(), str(final).encode()
+    candidates = [*(staging / "bin").iterdir(), staging / "pyvenv.cfg"]
+    for path in candidates:
+        if path.is_symlink() or not path.is_file():
+            continue
+        content = path.read_bytes()
+        if old in content:
+            path.write_bytes(content.replace(old, new))
+
+
+def _write_marker(
+    venv: Path, name: str, found: dict[str, str | None], digest: str, requirements: Path
+) -> None:
+    modules = {module: version for module, version in found.items() if module != "python"}
+    marker = {
+        "name": name,
+        "python_version": found["python"],
+        "torch_version": found.get("torch"),
+        "modules": modules,
+        "lock_hash": digest,
+        "requirements": str(requirements),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    (venv / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _is_complete(venv: Path, name: str, digest: str, python_version: str) -> bool:
+    try:
+        marker = json.loads((venv / MARKER_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(marker, dict)
+        and marker.get("name") == name
+        and marker.get("lock_hash") == digest
+        and str(marker.get("python_version", "")).startswith(f"{python_version}.")
+        and venv_python(venv).exists()  # False too when its base interpreter has gone
+    )
+
+
+def _move_into_place(
+    staging: Path, final: Path, name: str, digest: str, python_version: str
+) -> Path:
+    if final.exists() or final.is_symlink():
+        if _is_complete(final, name, digest, python_version):
+            return final  # another build of the same lock finished first
+        _say(f"removing the incomplete or outdated {final}")
+        _remove(final)
+    try:
+        staging.rename(final)
+    except OSError as error:
+        if _is_complete(final, name, digest, python_version):
+            return final
+        raise EnvBuildError(f"cannot move {staging} to {final}: {error}") from error
+    if not _reports_version(venv_python(final), python_version):
+        _remove(final)
+        raise EnvBuildError(f"the venv of {name} no longer runs after moving it to {final}")
+    _say(f"built environment {name}: {final}")
+    return final
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _normalise_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _say(message: str) -> None:
+    print(f"[envbuild] {message}", file=sys.stderr, flush=True)

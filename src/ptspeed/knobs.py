@@ -1,0 +1,178 @@
+"""Variants as composable knobs.
+
+A variant is written as knobs joined by ``+``, each ``name`` or ``name=value``::
+
+    eager                      nothing on: the reference
+    compile                    torch.compile, default mode, inductor backend
+    compile=max-autotune+backend=aot_eager
+    amp                        autocast: fp16 with GradScaler on CUDA, bf16 on CPU
+    amp=bf16 | amp=fp16
+    channels_last              NHWC weights and inputs (image models)
+    cudagraphs                 whole-step CUDA graph capture (CUDA, no compile)
+    loader=N                   DataLoader over host tensors with N workers, copied each step
+    pin                        pinned host memory and non-blocking copies (with loader, CUDA)
+    memfrac=F                  torch.cuda.set_per_process_memory_fraction(F) (CUDA)
+
+This module needs no torch: parsing happens before any process imports it. What a given
+torch and device can do is decided by :func:`unsupported_reason`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+AMP_DTYPES = ("auto", "fp16", "bf16")
+KNOB_NAMES = (
+    "eager",
+    "compile",
+    "backend",
+    "amp",
+    "channels_last",
+    "cudagraphs",
+    "loader",
+    "pin",
+    "memfrac",
+)
+_NAME_PATTERN = re.compile(r"^[a-z0-9_]+(=[a-z0-9_.-]+)?$")
+
+
+class BadInput(ValueError):
+    """A user-supplied value is not acceptable; the message names the field and the options."""
+
+
+@dataclass(frozen=True)
+class Knobs:
+    compile_mode: str | None = None
+    compile_backend: str = "inductor"
+    amp: str | None = None
+    channels_last: bool = False
+    cudagraphs: bool = False
+    loader_workers: int | None = None
+    pin_memory: bool = False
+    memory_fraction: float | None = None
+
+    @property
+    def is_eager_fp32(self) -> bool:
+        return self == Knobs()
+
+    def precision(self, device_type: str) -> str:
+        """fp32, fp16 or bf16: the precision the step computes in on ``device_type``."""
+        if self.amp is None:
+            return "fp32"
+        if self.amp == "auto":
+            return "fp16" if device_type == "cuda" else "bf16"
+        return self.amp
+
+
+def parse_knobs(text: str) -> Knobs:
+    """Parse a variant's knob string; raise :class:`BadInput` naming the bad part."""
+    if not text or not text.strip():
+        raise BadInput(f"knobs: empty (accepted knobs: {', '.join(KNOB_NAMES)})")
+    settings: dict[str, object] = {}
+    seen: set[str] = set()
+    for token in text.strip().split("+"):
+        if not _NAME_PATTERN.match(token):
+            raise BadInput(f"knobs: {token!r} is not name or name=value (in {text!r})")
+        name, _, value = token.partition("=")
+        if name in seen:
+            raise BadInput(f"knobs: {name!r} given twice in {text!r}")
+        seen.add(name)
+        settings.update(_parse_one(name, value))
+    if "compile_backend" in settings and "compile_mode" not in settings:
+        raise BadInput(f"knobs: backend= needs compile in {text!r}")
+    if settings.get("pin_memory") and "loader_workers" not in settings:
+        raise BadInput(f"knobs: pin needs loader in {text!r} (pinning applies to host batches)")
+    if "eager" in seen and len(seen) > 1:
+        raise BadInput(f"knobs: eager cannot be combined with other knobs in {text!r}")
+    return Knobs(**settings)  # type: ignore[arg-type]
+
+
+def _parse_one(name: str, value: str) -> dict[str, object]:
+    if name == "eager":
+        return _flag(name, value, {})
+    if name == "compile":
+        return {"compile_mode": _choice(name, value or "default", COMPILE_MODES)}
+    if name == "backend":
+        if not value:
+            raise BadInput("knobs: backend needs a value, e.g. backend=inductor")
+        return {"compile_backend": value}
+    if name == "amp":
+        return {"amp": _choice(name, value or "auto", AMP_DTYPES)}
+    if name in ("channels_last", "cudagraphs"):
+        return _flag(name, value, {name: True})
+    if name == "pin":
+        return _flag(name, value, {"pin_memory": True})
+    if name == "loader":
+        return {"loader_workers": _integer(name, value or "0", minimum=0, maximum=64)}
+    if name == "memfrac":
+        return {"memory_fraction": _fraction(value)}
+    raise BadInput(f"knobs: unknown knob {name!r} (accepted: {', '.join(KNOB_NAMES)})")
+
+
+def _flag(name: str, value: str, result: dict[str, object]) -> dict[str, object]:
+    if value:
+        raise BadInput(f"knobs: {name} takes no value (got {name}={value})")
+    return result
+
+
+def _choice(name: str, value: str, accepted: tuple[str, ...]) -> str:
+    if value not in accepted:
+        raise BadInput(f"knobs: {name}={value} is not one of {', '.join(accepted)}")
+    return value
+
+
+def _integer(name: str, value: str, minimum: int, maximum: int) -> int:
+    if not value.isdigit() or not minimum <= int(value) <= maximum:
+        raise BadInput(f"knobs: {name}={value} must be an integer from {minimum} to {maximum}")
+    return int(value)
+
+
+def _fraction(value: str) -> float:
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = -1.0
+    if not 0.0 < fraction <= 1.0:
+        raise BadInput(f"knobs: memfrac={value} must be a number in (0, 1], e.g. memfrac=0.8")
+    return fraction
+
+
+def unsupported_reason(
+    knobs: Knobs,
+    device_type: str,
+    torch_version: tuple[int, int],
+    python: tuple[int, int],
+    image_model: bool,
+) -> str:
+    """Why this torch on this device cannot run ``knobs`` ('' when it can).
+
+    These are limits of PyTorch itself, known before running anything; the cell is then
+    recorded as ``unsupported`` with this reason instead of crashing.
+    """
+    version = ".".join(map(str, torch_version))
+    if knobs.compile_mode is not None:
+        if torch_version < (2, 0):
+            return f"torch.compile needs PyTorch >= 2.0 (this environment has {version})"
+        if torch_version < (2, 1) and python >= (3, 11):
+            return "torch.compile in PyTorch 2.0 supports Python <= 3.10"
+        if knobs.cudagraphs:
+            return "cudagraphs with compile: use compile=reduce-overhead instead"
+    cuda_only = {
+        "cudagraphs": knobs.cudagraphs,
+        "pin (pinned host memory)": knobs.pin_memory,
+        "memfrac (set_per_process_memory_fraction)": knobs.memory_fraction is not None,
+        "amp=fp16 (fp16 autocast with GradScaler)": knobs.precision(device_type) == "fp16",
+    }
+    if device_type != "cuda":
+        for what, wanted in cuda_only.items():
+            if wanted:
+                return f"{what} needs a CUDA device (this cell runs on {device_type})"
+    if knobs.cudagraphs and knobs.precision(device_type) == "fp16":
+        return (
+            "cudagraphs with fp16 AMP: GradScaler synchronises with the host and cannot be captured"
+        )
+    if knobs.channels_last and not image_model:
+        return "channels_last applies to image models (4-D inputs) only"
+    return ""

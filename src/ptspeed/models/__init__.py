@@ -1,0 +1,80 @@
+"""The model zoo: one small API, random weights, synthetic batches, no downloads.
+
+A model is a :class:`ModelSpec`: how to build it, how to make a batch (a dict of tensors with
+the batch in the first dimension, so a DataLoader can serve it sample by sample), and how to
+get the training loss and the inference output. The harness sees nothing else.
+
+Importing this module does not import torch: the names and size limits are known up front so
+that bad input is refused before any process loads a framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ptspeed.knobs import BadInput
+
+Batch = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    batch_size: int
+    image_size: int = 224
+    seq_len: int = 128
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    description: str
+    build: Callable[[Sizes], Any]
+    make_batch: Callable[[Sizes, Any], Batch]
+    loss: Callable[[Any, Batch], Any]
+    infer: Callable[[Any, Batch], Any]
+    image_model: bool = False
+    # True when inference outputs have data-dependent shapes (detections), so they are not
+    # compared element-wise with the reference.
+    ragged_output: bool = False
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """What is known without importing torch: where the spec lives and which sizes it takes."""
+
+    module: str
+    uses: tuple[str, ...]
+    limits: dict[str, tuple[int, int]]
+
+
+MAX_BATCH = 65536
+REGISTRY: dict[str, ModelEntry] = {
+    "mlp": ModelEntry("ptspeed.models.seed", (), {}),
+    "lstm-lm": ModelEntry("ptspeed.models.seed", ("seq_len",), {"seq_len": (1, 8192)}),
+    "resnet50": ModelEntry("ptspeed.models.vision", ("image_size",), {"image_size": (32, 2048)}),
+    "mask-rcnn": ModelEntry("ptspeed.models.vision", ("image_size",), {"image_size": (64, 2048)}),
+    "bert-base": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (8, 512)}),
+    "gpt2": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (2, 1024)}),
+}
+
+
+def check_sizes(model: str, sizes: Sizes) -> None:
+    """Raise :class:`BadInput` naming the field when ``sizes`` cannot work for ``model``."""
+    if model not in REGISTRY:
+        raise BadInput(f"model: unknown {model!r} (accepted: {', '.join(REGISTRY)})")
+    if not 1 <= sizes.batch_size <= MAX_BATCH:
+        raise BadInput(f"batch_size: {sizes.batch_size} must be from 1 to {MAX_BATCH}")
+    for field_name, (low, high) in REGISTRY[model].limits.items():
+        value = getattr(sizes, field_name)
+        if not low <= value <= high:
+            raise BadInput(f"{field_name}: {value} is outside {low}..{high} for {model}")
+
+
+def get_model(name: str) -> ModelSpec:
+    if name not in REGISTRY:
+        raise BadInput(f"model: unknown {name!r} (accepted: {', '.join(REGISTRY)})")
+    module = importlib.import_module(REGISTRY[name].module)
+    return module.SPECS[name]

@@ -1,0 +1,111 @@
+"""Provenance: the software and hardware every number was made with.
+
+:func:`collect_base` needs no torch (the watchdog uses it for records of cells that never
+finished); :func:`collect` adds what only the imported torch knows.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ptspeed.record import Provenance
+
+PACKAGES = ("torch", "torchvision", "transformers", "numpy")
+CONTAINER_VARIABLES = ("PTSPEED_CONTAINER_IMAGE", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+SOURCE_DIR = Path(__file__).resolve().parent
+
+
+def collect_base() -> Provenance:
+    commit, dirty = _git_state()
+    return Provenance(
+        cpu_model=_cpu_model(),
+        cpu_count=os.cpu_count() or 0,
+        python=platform.python_version(),
+        packages=_package_versions(),
+        git_commit=commit,
+        git_dirty=dirty,
+        hostname=socket.gethostname(),
+        container_image=_container_image(),
+        platform=f"{platform.system()} {platform.release()} {platform.machine()}",
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+    )
+
+
+def collect(torch: Any, device: Any) -> Provenance:
+    provenance = collect_base()
+    provenance.torch = torch.__version__
+    provenance.cuda = torch.version.cuda or ""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    provenance.cudnn = str(cudnn) if cudnn else ""
+    provenance.torch_threads = torch.get_num_threads()
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        provenance.device_index = index
+        provenance.device_name = torch.cuda.get_device_name(index)
+        provenance.gpu_driver = _nvidia_driver()
+    else:
+        provenance.device_name = provenance.cpu_model
+    return provenance
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _package_versions() -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _container_image() -> str:
+    for variable in CONTAINER_VARIABLES:
+        if os.environ.get(variable):
+            return os.environ[variable]
+    return ""
+
+
+def _run(command: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        done = subprocess.run(
+            command, cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def _git_state() -> tuple[str, bool | None]:
+    if os.environ.get("PTSPEED_GIT_COMMIT"):
+        return os.environ["PTSPEED_GIT_COMMIT"], None
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=SOURCE_DIR)
+    if not commit:
+        return "", None
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=SOURCE_DIR)
+    return commit, bool(status) if status is not None else None
+
+
+def _nvidia_driver() -> str:
+    output = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return output.splitlines()[0].strip() if output else ""
+
+
+def python_version() -> tuple[int, int]:
+    return sys.version_info[:2]

@@ -1,0 +1,132 @@
+"""The watchdog: one cell = one worker process, one record, whatever happens.
+
+The parent process does not import torch. It starts ``python -m ptspeed.worker`` with the cell
+spec, waits at most the cell's time limit, and then writes the record atomically: the worker's
+own record when it finished, otherwise a ``timeout`` or ``failed`` record that says what
+happened (exit code, signal, the end of its stderr). The worker's process group is killed on
+timeout so that DataLoader workers and compile subprocesses go with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ptspeed.provenance import collect_base
+from ptspeed.record import CellSpec, Record, read_record, write_record
+
+STDERR_TAIL_CHARS = 3000
+KILL_GRACE_S = 5.0
+
+
+def run_cell_in_worker(spec: CellSpec, out: Path, python: str = sys.executable) -> Record:
+    """Run ``spec`` in a worker process under a watchdog and write its record to ``out``."""
+    started_at = _utc_now()
+    begun = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ptspeed-cell-") as scratch:
+        result_path = Path(scratch) / "record.json"
+        stderr_path = Path(scratch) / "stderr.txt"
+        returncode, timed_out = _run_worker(spec, result_path, stderr_path, python)
+        record = _worker_record(result_path)
+        if record is None:
+            record = _record_without_worker_result(spec, returncode, timed_out, _tail(stderr_path))
+            record.started_at = started_at
+            record.finished_at = _utc_now()
+            record.duration_s = time.perf_counter() - begun
+    write_record(record, out)
+    return record
+
+
+def _run_worker(
+    spec: CellSpec, result_path: Path, stderr_path: Path, python: str
+) -> tuple[int | None, bool]:
+    command = [python, "-m", "ptspeed.worker", json.dumps(asdict(spec)), str(result_path)]
+    with open(stderr_path, "w+", encoding="utf-8") as stderr:
+        process = subprocess.Popen(
+            command, stdout=None, stderr=stderr, start_new_session=True, env=_worker_env()
+        )
+        try:
+            process.wait(timeout=spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            return None, True
+        except BaseException:
+            _kill_group(process)
+            raise
+        finally:
+            _relay(stderr_path)
+    return process.returncode, False
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    source_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _worker_record(result_path: Path) -> Record | None:
+    if not result_path.exists():
+        return None
+    try:
+        return read_record(result_path)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _record_without_worker_result(
+    spec: CellSpec, returncode: int | None, timed_out: bool, stderr_tail: str
+) -> Record:
+    if timed_out:
+        status, reason = "timeout", f"no result within the cell's limit of {spec.timeout_s:g} s"
+    elif returncode is not None and returncode < 0:
+        name = signal.Signals(-returncode).name
+        status, reason = "failed", f"worker killed by {name} before writing a result"
+        if name == "SIGKILL":
+            reason += " (the kernel's out-of-memory killer does this)"
+    else:
+        status, reason = "failed", f"worker exited with code {returncode} without a result"
+    return Record(
+        cell=spec, status=status, reason=reason, detail=stderr_tail, provenance=collect_base()
+    )
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[-STDERR_TAIL_CHARS:]
+    except OSError:
+        return ""
+
+
+def _relay(stderr_path: Path) -> None:
+    """Copy the worker's stderr to ours, so the rule's log holds it."""
+    try:
+        sys.stderr.write(stderr_path.read_text(encoding="utf-8", errors="replace"))
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,40 @@
+"""Checks of a cell spec before anything runs: one clear line naming the field on bad input."""
+
+from __future__ import annotations
+
+from ptspeed.knobs import BadInput, parse_knobs
+from ptspeed.models import Sizes, check_sizes
+from ptspeed.record import CellSpec
+
+MODES = ("train", "infer")
+DEVICES = ("auto", "cpu", "cuda")
+FAULTS = ("", "error", "oom", "hang", "crash", "numerics")
+MAX_STEPS = 100_000
+
+
+def check_cell(spec: CellSpec) -> None:
+    """Raise :class:`BadInput` for the first field of ``spec`` that cannot work."""
+    check_sizes(spec.model, Sizes(spec.batch_size, spec.image_size, spec.seq_len))
+    parse_knobs(spec.knobs)
+    _one_of("mode", spec.mode, MODES)
+    if not (spec.device in DEVICES or spec.device.removeprefix("cuda:").isdigit()):
+        raise BadInput(f"device: {spec.device!r} is not one of {', '.join(DEVICES)} or cuda:N")
+    _one_of("fault", spec.fault, FAULTS)
+    _in_range("measured_steps", spec.measured_steps, 1, MAX_STEPS)
+    _in_range("warmup_steps", spec.warmup_steps, 1, MAX_STEPS)
+    _in_range("numerics_steps", spec.numerics_steps, 0, spec.warmup_steps)
+    _in_range("trial", spec.trial, 0, MAX_STEPS)
+    _in_range("threads", spec.threads, 0, 4096)
+    if not spec.timeout_s > 0:
+        raise BadInput(f"timeout_s: {spec.timeout_s} must be positive")
+
+
+def _one_of(field: str, value: str, accepted: tuple[str, ...]) -> None:
+    if value not in accepted:
+        shown = ", ".join(a if a else repr(a) for a in accepted)
+        raise BadInput(f"{field}: {value!r} is not one of {shown}")
+
+
+def _in_range(field: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise BadInput(f"{field}: {value} must be from {low} to {high}")

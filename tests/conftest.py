@@ -1,0 +1,6 @@
+"""Make ``src/`` importable for tests without installing the package."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))

@@ -1,0 +1,479 @@
+"""Aggregation: records in, runs/summary/speedups frames and CSVs out."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from ptspeed.aggregate import (
+    RUNS_COLUMNS,
+    SPEEDUP_COLUMNS,
+    SUMMARY_COLUMNS,
+    ConfigError,
+    coefficient_of_variation,
+    load_records,
+    read_table,
+    speedups,
+    summarise,
+)
+from ptspeed.record import CellSpec, Metrics, NumericsCheck, Provenance, Record, write_record
+
+REPO = Path(__file__).resolve().parents[1]
+
+CONFIG: dict[str, Any] = {
+    "device": "cpu",
+    "environments": {"torch-1.13": {"kind": "venv"}, "torch-2.0": {"kind": "venv"}},
+    "models": {
+        "resnet50": {
+            "cuda": {"batch_size": 64, "image_size": 224},
+            "cpu": {"batch_size": 8, "image_size": 96},
+        },
+        "bert-base": {"cpu": {"batch_size": 4, "seq_len": 64}},
+        "gpt2": {"cpu": {"batch_size": 2, "seq_len": 64}},
+    },
+    "variants": {"eager": "eager", "compile": "compile"},
+    "modes": ["train"],
+    "comparisons": {
+        "upgrade-and-compile": {
+            "title": "1.13 eager → 2.0 compile",
+            "baseline": {"env": "torch-1.13", "variant": "eager"},
+            "candidate": {"env": "torch-2.0", "variant": "compile"},
+            "claim": "pytorch-2.0-upgrade",
+        },
+        "compile-alone": {
+            "title": "2.0 eager → 2.0 compile",
+            "baseline": {"env": "torch-2.0", "variant": "eager"},
+            "candidate": {"env": "torch-2.0", "variant": "compile"},
+        },
+    },
+}
+
+CLAIMS: dict[str, Any] = {
+    "pytorch-2.0-upgrade": {
+        "source": "Seed article 000",
+        "setup": "A100, batch 64",
+        "models": {
+            "resnet50": {"baseline": 125, "candidate": 185, "speedup": 1.48},
+            "gpt2": {"baseline": 35, "candidate": 52, "speedup": 1.49},
+        },
+    }
+}
+
+SIZES = {
+    "resnet50": {"batch_size": 8, "image_size": 96, "seq_len": 128},
+    "bert-base": {"batch_size": 4, "image_size": 224, "seq_len": 64},
+    "gpt2": {"batch_size": 2, "image_size": 224, "seq_len": 64},
+}
+TORCH = {"torch-1.13": ("1.13.1", "11.7"), "torch-2.0": ("2.0.1", "11.8")}
+
+
+def make_record(
+    env: str,
+    model: str,
+    variant: str,
+    trial: int,
+    status: str = "ok",
+    samples_per_s: float | None = None,
+    reason: str = "",
+    **sizes: int,
+) -> Record:
+    torch_version, cuda = TORCH[env]
+    cell = CellSpec(
+        model=model,
+        variant=variant,
+        knobs=variant,
+        mode="train",
+        env=env,
+        trial=trial,
+        **{**SIZES[model], **sizes},
+    )
+    metrics = Metrics(
+        throughput_samples_per_s=samples_per_s,
+        step_times_s=[0.1, 0.1],
+        first_step_s=2.0 + trial if status == "ok" else None,
+        peak_memory_bytes=(100 + trial) * 1024 * 1024 if status == "ok" else None,
+        memory_kind="process_peak_rss",
+    )
+    numerics = NumericsCheck(checked=True, tolerance=1e-4, max_relative_error=1e-6, passed=True)
+    provenance = Provenance(
+        torch=torch_version,
+        cuda=cuda,
+        device_name="Test CPU",
+        cpu_model="Test CPU",
+        torch_threads=4,
+        git_commit="1234567",
+        hostname="testhost",
+    )
+    return Record(
+        cell=cell,
+        status=status,
+        reason=reason,
+        metrics=metrics,
+        numerics=numerics,
+        provenance=provenance,
+    )
+
+
+# (env, model, variant, trial, status, samples/s, reason)
+FIXTURE_CELLS = [
+    ("torch-1.13", "resnet50", "eager", 0, "ok", 100.0, ""),
+    ("torch-1.13", "resnet50", "eager", 1, "ok", 120.0, ""),
+    ("torch-1.13", "resnet50", "eager", 2, "ok", 110.0, ""),
+    ("torch-2.0", "resnet50", "compile", 0, "ok", 150.0, ""),
+    ("torch-2.0", "resnet50", "compile", 1, "ok", 180.0, ""),
+    ("torch-2.0", "resnet50", "compile", 2, "failed", None, "RuntimeError: boom"),
+    ("torch-2.0", "resnet50", "eager", 0, "ok", 132.0, ""),
+    ("torch-2.0", "resnet50", "eager", 1, "ok", 132.0, ""),
+    ("torch-1.13", "bert-base", "eager", 0, "ok", 10.0, ""),
+    ("torch-1.13", "bert-base", "eager", 1, "ok", 12.0, ""),
+    ("torch-2.0", "bert-base", "compile", 0, "ok", 22.0, ""),
+    ("torch-1.13", "gpt2", "eager", 0, "ok", 40.0, ""),
+    ("torch-2.0", "gpt2", "compile", 0, "unsupported", None, "needs torch>=2.0 | fake"),
+]
+CORRUPT_NAME = "corrupt.json"
+
+
+def write_fixture_records(directory: Path) -> list[Path]:
+    """The fixture's record files, a corrupt one and one at a size the config does not ask for."""
+    paths = []
+    for env, model, variant, trial, status, rate, reason in FIXTURE_CELLS:
+        path = directory / f"{env}_{model}_{variant}_{trial}.json"
+        write_record(make_record(env, model, variant, trial, status, rate, reason), path)
+        paths.append(path)
+    other_size = directory / "torch-1.13_resnet50_eager_b64.json"
+    record = make_record("torch-1.13", "resnet50", "eager", 0, "ok", 999.0, batch_size=64)
+    write_record(record, other_size)
+    corrupt = directory / CORRUPT_NAME
+    corrupt.write_text('{"cell": {"model": "resn', encoding="utf-8")
+    return [*paths, other_size, corrupt]
+
+
+@pytest.fixture
+def record_paths(tmp_path: Path) -> list[Path]:
+    return write_fixture_records(tmp_path / "records")
+
+
+@pytest.fixture
+def runs(record_paths: list[Path]) -> pd.DataFrame:
+    return load_records(record_paths)
+
+
+def summary_row(summary: pd.DataFrame, env: str, model: str, variant: str) -> pd.Series:
+    match = summary[
+        (summary["env"] == env)
+        & (summary["model"] == model)
+        & (summary["variant"] == variant)
+        & (summary["batch_size"] == SIZES[model]["batch_size"])
+    ]
+    assert len(match) == 1
+    return match.iloc[0]
+
+
+def speedup_row(frame: pd.DataFrame, comparison: str, model: str) -> pd.Series:
+    match = frame[(frame["comparison"] == comparison) & (frame["model"] == model)]
+    assert len(match) == 1
+    return match.iloc[0]
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+
+def test_runs_has_one_row_per_file_in_order(runs: pd.DataFrame, record_paths: list[Path]) -> None:
+    assert list(runs.columns) == RUNS_COLUMNS
+    assert list(runs["record_path"]) == [str(p) for p in record_paths]
+    assert runs["status"].value_counts().to_dict() == {
+        "ok": 12,
+        "failed": 1,
+        "unsupported": 1,
+        "unreadable": 1,
+    }
+
+
+def test_runs_flattens_cell_metrics_numerics_and_provenance(runs: pd.DataFrame) -> None:
+    first = runs.iloc[0]
+    assert (first["env"], first["model"], first["variant"], first["mode"]) == (
+        "torch-1.13",
+        "resnet50",
+        "eager",
+        "train",
+    )
+    assert (first["batch_size"], first["image_size"], first["trial"]) == (8, 96, 0)
+    assert first["throughput_samples_per_s"] == 100.0
+    assert first["peak_memory_bytes"] == 100 * 1024 * 1024
+    assert first["numerics_passed"]
+    assert first["numerics_tolerance"] == 1e-4
+    assert (first["torch"], first["cuda"], first["git_commit"]) == ("1.13.1", "11.7", "1234567")
+    assert "step_times_s" not in runs.columns
+
+
+def test_corrupt_file_becomes_an_unreadable_row_naming_it(runs: pd.DataFrame) -> None:
+    bad = runs[runs["status"] == "unreadable"].iloc[0]
+    assert bad["record_path"].endswith(CORRUPT_NAME)
+    assert CORRUPT_NAME in bad["reason"]
+    assert "not JSON" in bad["reason"]
+    assert pd.isna(bad["env"])
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("[1, 2]", "top level is list"),
+        ('{"status": "ok"}', "missing cell"),
+        ('{"cell": {"model": "m"}, "status": "ok"}', "not a record"),
+        (
+            '{"cell": {"model": "m", "variant": "v", "knobs": "", "mode": "train", '
+            '"batch_size": 1}, "status": "exploded"}',
+            "not a record",
+        ),
+        ('{"cell": "nope", "status": "ok"}', "'cell' is not an object"),
+        (b"\xff\xfe\x00", "decode"),
+    ],
+)
+def test_files_that_are_not_records_become_unreadable_rows(
+    tmp_path: Path, content: str | bytes, problem: str
+) -> None:
+    path = tmp_path / "odd.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    row = load_records([path]).iloc[0]
+    assert row["status"] == "unreadable"
+    assert str(path) in row["reason"]
+    assert problem in row["reason"]
+
+
+def test_missing_file_becomes_an_unreadable_row(tmp_path: Path) -> None:
+    missing = tmp_path / "gone.json"
+    row = load_records([missing]).iloc[0]
+    assert row["status"] == "unreadable"
+    assert "gone.json" in row["reason"]
+
+
+def test_odd_value_types_become_nan_or_text_not_errors(tmp_path: Path) -> None:
+    record = make_record("torch-1.13", "resnet50", "eager", 0, "ok", 1.0).to_dict()
+    record["metrics"]["throughput_samples_per_s"] = "fast"
+    record["cell"]["image_size"] = [96]
+    record["cell"]["model"] = 50
+    record["provenance"]["torch"] = {"version": "1.13"}
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(record), encoding="utf-8")
+    runs = load_records([path])
+    row = runs.iloc[0]
+    assert row["status"] == "ok"
+    assert math.isnan(row["throughput_samples_per_s"])
+    assert pd.isna(row["image_size"])
+    assert (row["model"], row["torch"]) == ("50", "{'version': '1.13'}")
+    assert len(summarise(runs)) == 1
+
+
+def test_no_records_give_empty_frames_with_their_columns() -> None:
+    runs = load_records([])
+    assert list(runs.columns) == RUNS_COLUMNS
+    summary = summarise(runs)
+    assert list(summary.columns) == SUMMARY_COLUMNS
+    assert summary.empty
+    frame = speedups(summary, CONFIG, CLAIMS)
+    assert len(frame) == 2 * 3
+    assert set(frame["verdict"]) == {"not measured"}
+
+
+# --- summary -------------------------------------------------------------------------------------
+
+
+def test_summary_groups_cells_and_uses_ok_trials_only(runs: pd.DataFrame) -> None:
+    summary = summarise(runs)
+    assert list(summary.columns) == SUMMARY_COLUMNS
+    assert len(summary) == 8  # 7 cells at the configured size + resnet50 at batch 64
+    row = summary_row(summary, "torch-2.0", "resnet50", "compile")
+    assert (row["trials"], row["ok_trials"], row["statuses"]) == (3, 2, "ok:2 failed:1")
+    assert row["median_samples_per_s"] == 165.0
+    assert (row["min_samples_per_s"], row["max_samples_per_s"]) == (150.0, 180.0)
+    assert row["cv"] == pytest.approx(pd.Series([150.0, 180.0]).std() / 165.0)
+    assert row["median_first_step_s"] == 2.5
+    assert row["median_peak_memory_bytes"] == 100.5 * 1024 * 1024
+    assert row["reasons"] == "failed: RuntimeError: boom"
+
+
+def test_summary_of_a_cell_without_ok_trials(runs: pd.DataFrame) -> None:
+    row = summary_row(summarise(runs), "torch-2.0", "gpt2", "compile")
+    assert (row["trials"], row["ok_trials"], row["statuses"]) == (1, 0, "unsupported:1")
+    assert math.isnan(row["median_samples_per_s"])
+    assert math.isnan(row["cv"])
+    assert row["reasons"] == "unsupported: needs torch>=2.0 | fake"
+
+
+def test_cv_needs_two_values() -> None:
+    assert math.isnan(coefficient_of_variation(pd.Series([5.0])))
+    assert coefficient_of_variation(pd.Series([1.0, 3.0])) == pytest.approx(2**0.5 / 2)
+
+
+# --- speedups ------------------------------------------------------------------------------------
+
+
+def test_speedups_rows_follow_the_config(runs: pd.DataFrame) -> None:
+    frame = speedups(summarise(runs), CONFIG, CLAIMS)
+    assert list(frame.columns) == SPEEDUP_COLUMNS
+    assert list(zip(frame["comparison"], frame["model"], frame["mode"], strict=True)) == [
+        (comparison, model, "train")
+        for comparison in CONFIG["comparisons"]
+        for model in CONFIG["models"]
+    ]
+
+
+def test_speedup_is_the_ratio_of_the_medians(runs: pd.DataFrame) -> None:
+    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "upgrade-and-compile", "resnet50")
+    # The batch-64 baseline record (999 samples/s) is not at the configured cpu size.
+    assert (row["batch_size"], row["image_size"]) == (8, 96)
+    assert row["baseline_samples_per_s"] == 110.0
+    assert row["candidate_samples_per_s"] == 165.0
+    assert (row["baseline_trials"], row["candidate_trials"]) == (3, 2)
+    assert row["speedup"] == 165.0 / 110.0
+    assert row["claim"] == "pytorch-2.0-upgrade"
+    assert (row["published_speedup"], row["published_baseline"], row["published_candidate"]) == (
+        1.48,
+        125.0,
+        185.0,
+    )
+    assert (row["verdict"], row["verdict_reason"]) == ("measured", "")
+
+
+def test_missing_side_is_not_measured(runs: pd.DataFrame) -> None:
+    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "upgrade-and-compile", "gpt2")
+    assert row["baseline_samples_per_s"] == 40.0
+    assert math.isnan(row["candidate_samples_per_s"])
+    assert row["candidate_trials"] == 0
+    assert math.isnan(row["speedup"])
+    assert row["published_speedup"] == 1.49
+    assert row["verdict"] == "not measured"
+    assert row["verdict_reason"] == "no ok trials: candidate (torch-2.0/compile)"
+
+
+def test_model_not_in_claims_is_not_measured(runs: pd.DataFrame) -> None:
+    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "upgrade-and-compile", "bert-base")
+    assert row["speedup"] == 2.0
+    assert math.isnan(row["published_speedup"])
+    assert row["verdict"] == "not measured"
+    assert row["verdict_reason"] == "bert-base not in claims group 'pytorch-2.0-upgrade'"
+
+
+def test_comparison_without_claim(runs: pd.DataFrame) -> None:
+    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "compile-alone", "resnet50")
+    assert row["speedup"] == 165.0 / 132.0
+    assert row["claim"] == ""
+    assert math.isnan(row["published_speedup"])
+    assert (row["verdict"], row["verdict_reason"]) == (
+        "measured",
+        "no published claim for this comparison",
+    )
+
+
+def test_unresolved_device_uses_the_size_both_sides_share(runs: pd.DataFrame) -> None:
+    config = {**CONFIG, "device": "auto"}
+    row = speedup_row(speedups(summarise(runs), config, CLAIMS), "upgrade-and-compile", "resnet50")
+    assert row["batch_size"] == 8
+    assert row["speedup"] == 165.0 / 110.0
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"models": {}, "modes": ["train"]}, "'comparisons' is missing"),
+        ({**CONFIG, "modes": "train"}, "'modes' is missing or not a list"),
+        (
+            {**CONFIG, "comparisons": {"x": {"baseline": {"env": "a"}, "candidate": {}}}},
+            "comparison 'x': 'baseline' needs env and variant",
+        ),
+    ],
+)
+def test_bad_config_raises_config_error(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        speedups(summarise(load_records([])), config, CLAIMS)
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "aggregate.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def write_inputs(directory: Path) -> tuple[Path, Path]:
+    config, claims = directory / "config.json", directory / "claims.yaml"
+    config.write_text(pd.io.json.ujson_dumps(CONFIG), encoding="utf-8")
+    claims.write_text(yaml.safe_dump(CLAIMS), encoding="utf-8")
+    return config, claims
+
+
+def aggregate_cli(tmp_path: Path, record_paths: list[Path]) -> Path:
+    """Run scripts/aggregate.py on the fixture (records passed through --records-from)."""
+    config, claims = write_inputs(tmp_path)
+    listing = tmp_path / "records.txt"
+    listing.write_text("\n".join(str(p) for p in record_paths) + "\n", encoding="utf-8")
+    out_dir = tmp_path / "tables"
+    result = run_script(
+        "--config", str(config), "--claims", str(claims),
+        "--records-from", str(listing), "--out-dir", str(out_dir),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out_dir
+
+
+def test_cli_writes_the_three_tables(tmp_path: Path, record_paths: list[Path]) -> None:
+    out_dir = aggregate_cli(tmp_path, record_paths)
+    assert sorted(p.name for p in out_dir.iterdir()) == ["runs.csv", "speedups.csv", "summary.csv"]
+    runs, summary, frame = (
+        read_table(out_dir / n) for n in ("runs.csv", "summary.csv", "speedups.csv")
+    )
+    assert len(runs) == len(record_paths)
+    assert list(summary.columns) == SUMMARY_COLUMNS
+    assert runs["cuda"].iloc[0] == "11.7"  # text stays text through the CSV
+    assert runs["git_commit"].iloc[0] == "1234567"
+    row = speedup_row(frame, "upgrade-and-compile", "resnet50")
+    assert row["speedup"] == 165.0 / 110.0
+    assert row["claim"] == "pytorch-2.0-upgrade"
+
+
+def test_cli_accepts_records_as_arguments(tmp_path: Path, record_paths: list[Path]) -> None:
+    config, claims = write_inputs(tmp_path)
+    result = run_script(
+        "--config", str(config), "--claims", str(claims),
+        "--records", *map(str, record_paths), "--out-dir", str(tmp_path / "t"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(read_table(tmp_path / "t" / "runs.csv")) == len(record_paths)
+
+
+@pytest.mark.parametrize("problem", ["missing config", "bad config", "missing list"])
+def test_cli_reports_bad_input_in_one_line(tmp_path: Path, problem: str) -> None:
+    config, claims = write_inputs(tmp_path)
+    listing = tmp_path / "records.txt"
+    listing.write_text("", encoding="utf-8")
+    if problem == "missing config":
+        config = tmp_path / "nope.yaml"
+    elif problem == "bad config":
+        config.write_text("comparisons: [1, 2]\nmodels: {}\nmodes: [train]\n", encoding="utf-8")
+    else:
+        listing = tmp_path / "nope.txt"
+    result = run_script(
+        "--config", str(config), "--claims", str(claims),
+        "--records-from", str(listing), "--out-dir", str(tmp_path / "t"),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr

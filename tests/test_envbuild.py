@@ -1,0 +1,306 @@
+"""Tests of ptspeed.envbuild and scripts/build_env.py.
+
+The builds here use the running interpreter and a wheel made on the spot (no network); only the
+test marked slow installs from PyPI.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ptspeed import envbuild
+from ptspeed.envbuild import (
+    MARKER_NAME,
+    EnvBuildError,
+    build_venv,
+    find_python,
+    lock_hash,
+    pinned_version,
+    venv_python,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_ENV_SCRIPT = REPO / "scripts" / "build_env.py"
+THIS_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+# --- find_python ---------------------------------------------------------------------------
+
+
+def fake_executable(path: Path, script: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def no_pythons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty PATH and pyenv root, and no uv: nothing to find until a test adds it."""
+    path_dir = tmp_path / "path"
+    path_dir.mkdir()
+    (tmp_path / "pyenv" / "versions").mkdir(parents=True)
+    monkeypatch.setenv("PATH", str(path_dir))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    monkeypatch.setattr(envbuild, "find_uv", lambda: None)
+    return tmp_path
+
+
+def test_find_python_on_path(no_pythons: Path) -> None:
+    python = fake_executable(no_pythons / "path" / "python3.10", "echo 3.10")
+    assert find_python("3.10") == python
+
+
+def test_find_python_skips_a_broken_shim_and_takes_the_newest_pyenv_patch(
+    no_pythons: Path,
+) -> None:
+    fake_executable(no_pythons / "path" / "python3.10", "echo 'pyenv: not found' >&2; exit 127")
+    versions = no_pythons / "pyenv" / "versions"
+    fake_executable(versions / "3.10.9" / "bin" / "python", "echo 3.10")
+    newest = fake_executable(versions / "3.10.13" / "bin" / "python", "echo 3.10")
+    fake_executable(versions / "3.11.7" / "bin" / "python", "echo 3.11")
+    assert find_python("3.10") == newest
+
+
+def test_find_python_ignores_an_interpreter_of_another_version(no_pythons: Path) -> None:
+    fake_executable(no_pythons / "path" / "python3.10", "echo 3.11")
+    with pytest.raises(EnvBuildError):
+        find_python("3.10")
+
+
+def test_find_python_asks_uv_last(no_pythons: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    python = fake_executable(no_pythons / "uv-python" / "python", "echo 3.10")
+    uv = fake_executable(
+        no_pythons / "uv",
+        f'[ "$*" = "python find --system 3.10" ] && echo {python} || exit 2',
+    )
+    monkeypatch.setattr(envbuild, "find_uv", lambda: str(uv))
+    assert find_python("3.10") == python
+
+
+def test_find_python_says_what_to_install(no_pythons: Path) -> None:
+    with pytest.raises(EnvBuildError) as raised:
+        find_python("3.10", env_name="torch-1.13")
+    assert str(raised.value) == (
+        "no Python 3.10 found (needed by environment torch-1.13): "
+        "install it with `pyenv install 3.10` or `uv python install 3.10`"
+    )
+
+
+@pytest.mark.parametrize("version", ["3", "3.10.13", "py3.10", ""])
+def test_find_python_wants_major_minor(version: str) -> None:
+    with pytest.raises(EnvBuildError, match=re.escape("major.minor")):
+        find_python(version)
+
+
+# --- lock_hash and pinned_version ----------------------------------------------------------
+
+
+def test_lock_hash_depends_on_content_only(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("torch==2.0.1\n")
+    second.write_text("torch==2.0.1\n")
+    assert lock_hash(first) == lock_hash(second) == lock_hash(str(first))
+    assert lock_hash(first) == hashlib.sha256(b"torch==2.0.1\n").hexdigest()[:16]
+    second.write_text("torch==2.0.1\n# changed\n")
+    assert lock_hash(second) != lock_hash(first)
+
+
+def test_lock_hash_is_16_hex_digits(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert lock_hash(empty) == "e3b0c44298fc1c14"
+
+
+def test_pinned_version_reads_locked_lines(tmp_path: Path) -> None:
+    requirements = tmp_path / "lock.txt"
+    requirements.write_text(
+        "# torch==0.0.0 in a comment\n"
+        "torch==2.0.1 \\\n    --hash=sha256:abc\n"
+        "Typing_Extensions==4.16.0 ; python_version >= '3.8'\n"
+        "torchvision[scipy]==0.15.2\n"
+    )
+    assert pinned_version(requirements, "torch") == "2.0.1"
+    assert pinned_version(requirements, "typing-extensions") == "4.16.0"
+    assert pinned_version(requirements, "torchvision") == "0.15.2"
+    assert pinned_version(requirements, "numpy") is None
+
+
+# --- build_venv, offline -------------------------------------------------------------------
+
+
+def make_wheel(directory: Path, version: str = "1.0", module_version: str | None = None) -> Path:
+    """A minimal pure-Python wheel of package 'tinypkg' whose module says ``module_version``."""
+    dist_info = f"tinypkg-{version}.dist-info"
+    files = {
+        "tinypkg/__init__.py": f'__version__ = "{module_version or version}"\n',
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: tinypkg\nVersion: {version}\n",
+        f"{dist_info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = [f"{name},sha256={_record_digest(text)},{len(text)}" for name, text in files.items()]
+    files[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
+    wheel = directory / f"tinypkg-{version}-py3-none-any.whl"
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return wheel
+
+
+def _record_digest(text: str) -> str:
+    digest = hashlib.sha256(text.encode()).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def offline_lock(tmp_path: Path, wheel: Path, sha256: str | None = None) -> Path:
+    sha256 = sha256 or hashlib.sha256(wheel.read_bytes()).hexdigest()
+    requirements = tmp_path / "tiny.txt"
+    requirements.write_text(
+        f"--no-index\n--find-links {wheel.parent}\ntinypkg==1.0 --hash=sha256:{sha256}\n"
+    )
+    return requirements
+
+
+def build_tiny(requirements: Path, dest: Path) -> Path:
+    return build_venv(
+        "tiny", requirements, THIS_PYTHON, dest, python=sys.executable, verify_imports=["tinypkg"]
+    )
+
+
+def test_build_venv_builds_marks_and_moves_into_place(tmp_path: Path) -> None:
+    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
+    dest = tmp_path / "envs"
+    leftover = dest / f"tiny-{lock_hash(requirements)}"  # as an interrupted build leaves it
+    leftover.mkdir(parents=True)
+    (leftover / "half-written").write_text("")
+
+    venv = build_tiny(requirements, dest)
+
+    assert venv == leftover.absolute()
+    assert not (venv / "half-written").exists()
+    assert [path.name for path in dest.iterdir()] == [venv.name]  # no temporary dir left
+    marker = json.loads((venv / MARKER_NAME).read_text())
+    assert marker["name"] == "tiny"
+    assert marker["python_version"] == platform.python_version()
+    assert marker["torch_version"] is None
+    assert marker["modules"] == {"tinypkg": "1.0"}
+    assert marker["lock_hash"] == lock_hash(requirements)
+    assert marker["requirements"] == str(requirements)
+    assert marker["created_at"]
+    imported = subprocess.run(
+        [venv_python(venv), "-c", "import sys, tinypkg; print(sys.prefix, tinypkg.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert imported.stdout.split() == [str(venv), "1.0"]
+    pip_script = (venv / "bin" / "pip").read_text()
+    assert f"{venv}/bin/python" in pip_script
+    assert ".tmp-" not in pip_script
+    assert "tmp-" not in (venv / "bin" / "activate").read_text()
+    assert build_tiny(requirements, dest) == venv
+    assert json.loads((venv / MARKER_NAME).read_text()) == marker  # reused, not rebuilt
+
+
+def test_build_venv_reuses_a_complete_venv_without_running_anything(tmp_path: Path) -> None:
+    requirements = tmp_path / "lock.txt"
+    requirements.write_text("tinypkg==1.0 --hash=sha256:00\n")
+    venv = tmp_path / "envs" / f"tiny-{lock_hash(requirements)}"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    marker = {"name": "tiny", "lock_hash": lock_hash(requirements)}
+    marker["python_version"] = platform.python_version()
+    (venv / MARKER_NAME).write_text(json.dumps(marker))
+
+    found = build_venv(
+        "tiny", requirements, THIS_PYTHON, tmp_path / "envs", python="/nonexistent/python"
+    )
+    assert found == venv
+
+
+def test_build_venv_refuses_a_wheel_with_another_hash(tmp_path: Path) -> None:
+    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"), sha256="0" * 64)
+    with pytest.raises(EnvBuildError, match="installing the lock of tiny failed"):
+        build_tiny(requirements, tmp_path / "envs")
+    assert list((tmp_path / "envs").iterdir()) == []
+
+
+def test_build_venv_checks_the_imported_version_against_the_lock(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "wheels", module_version="2.0")
+    requirements = offline_lock(tmp_path, wheel)
+    with pytest.raises(EnvBuildError, match=re.escape("pins tinypkg==1.0, the venv has 2.0")):
+        build_tiny(requirements, tmp_path / "envs")
+    assert list((tmp_path / "envs").iterdir()) == []
+
+
+def test_build_venv_reports_a_missing_requirements_file(tmp_path: Path) -> None:
+    with pytest.raises(EnvBuildError, match="not found"):
+        build_venv("tiny", tmp_path / "missing.txt", THIS_PYTHON, tmp_path / "envs")
+
+
+# --- scripts/build_env.py ------------------------------------------------------------------
+
+
+def run_build_env(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    command = [sys.executable, str(BUILD_ENV_SCRIPT), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, check=False)
+
+
+def test_build_env_script_writes_the_interpreter_path(tmp_path: Path) -> None:
+    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
+    link = tmp_path / "results" / "envs" / "tiny.path"
+    # An already complete venv: the script must only find it and write the link.
+    venv = tmp_path / "envs" / f"tiny-{lock_hash(requirements)}"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    marker = {"name": "tiny", "lock_hash": lock_hash(requirements)}
+    marker["python_version"] = platform.python_version()
+    (venv / MARKER_NAME).write_text(json.dumps(marker))
+
+    done = run_build_env(
+        *("--name", "tiny", "--requirements", requirements, "--python", THIS_PYTHON),
+        *("--dest", tmp_path / "envs", "--link", link),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert link.read_text() == f"{venv}/bin/python\n"
+    assert [path.name for path in link.parent.iterdir()] == ["tiny.path"]
+
+
+def test_build_env_script_fails_in_one_line(tmp_path: Path) -> None:
+    done = run_build_env(
+        *("--name", "tiny", "--requirements", tmp_path / "missing.txt", "--python", "3.10"),
+        *("--dest", tmp_path / "envs", "--link", tmp_path / "tiny.path"),
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: requirements file ")
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "tiny.path").exists()
+
+
+# --- from PyPI -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_build_venv_from_pypi(tmp_path: Path) -> None:
+    requirements = tmp_path / "six.txt"
+    requirements.write_text(
+        "six==1.16.0 \\\n"
+        "    --hash=sha256:1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926 \\\n"
+        "    --hash=sha256:8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254\n"
+    )
+    venv = build_venv("six", requirements, THIS_PYTHON, tmp_path / "envs", verify_imports=["six"])
+    assert json.loads((venv / MARKER_NAME).read_text())["modules"] == {"six": "1.16.0"}
+    assert build_venv("six", requirements, THIS_PYTHON, tmp_path / "envs") == venv
