@@ -35,7 +35,7 @@ KNOB_NAMES = (
     "pin",
     "memfrac",
 )
-_NAME_PATTERN = re.compile(r"^[a-z0-9_]+(=[a-z0-9_.-]+)?$")
+_NAME_PATTERN = re.compile(r"[a-z0-9_]+(=[a-z0-9_.-]+)?")  # fullmatch: "$" would allow "\n"
 
 
 class BadInput(ValueError):
@@ -73,7 +73,7 @@ def parse_knobs(text: str) -> Knobs:
     settings: dict[str, object] = {}
     seen: set[str] = set()
     for token in text.strip().split("+"):
-        if not _NAME_PATTERN.match(token):
+        if not _NAME_PATTERN.fullmatch(token):
             raise BadInput(f"knobs: {token!r} is not name or name=value (in {text!r})")
         name, _, value = token.partition("=")
         if name in seen:

@@ -1,0 +1,29 @@
+# ptspeed: environments -> benchmark cells -> aggregate -> report.
+# `snakemake --cores all` runs the default matrix (config/config.yaml); see README.md.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# A --configfile given on the command line replaces the default matrix instead of being
+# merged into it (a merge would keep the default's models and comparisons).
+if not workflow.config_settings.configfiles:
+
+    configfile: "config/config.yaml"
+
+
+
+report: "report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/envs.smk"
+include: "workflow/rules/bench.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        rules.report.output,
+    default_target: True

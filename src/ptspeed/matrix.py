@@ -1,0 +1,131 @@
+"""The benchmark matrix: a validated config turned into the list of cells to run.
+
+The JSON Schema (workflow/schemas/config.schema.yaml) checks shapes and fills defaults;
+this module checks what a schema cannot: cross-references (a comparison naming an
+environment or variant that does not exist), model names against the registry, knob
+strings, and sizes against each model's limits. Every problem is one line naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ptspeed.knobs import BadInput, parse_knobs
+from ptspeed.models import REGISTRY, Sizes, check_sizes
+
+DEVICE_CLASSES = ("cpu", "cuda")
+MINUTES_OF_SLACK = 5
+
+
+class ConfigError(ValueError):
+    """The config cannot be run; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    env: str
+    model: str
+    variant: str
+    mode: str
+    size: str
+    trial: int
+
+    @property
+    def path(self) -> str:
+        """The record's path under the results directory."""
+        return (
+            f"records/{self.env}/{self.model}/{self.variant}/{self.mode}/{self.size}/"
+            f"trial{self.trial}.json"
+        )
+
+
+def size_label(model: str, sizes: Sizes) -> str:
+    """A path-safe label of the sizes that matter for ``model``, e.g. 'b8-i96' or 'b4-s64'."""
+    label = f"b{sizes.batch_size}"
+    if "image_size" in REGISTRY[model].uses:
+        label += f"-i{sizes.image_size}"
+    if "seq_len" in REGISTRY[model].uses:
+        label += f"-s{sizes.seq_len}"
+    return label
+
+
+def model_sizes(config: Mapping[str, Any], model: str, device_class: str) -> Sizes:
+    table = config["models"][model].get(device_class) or {}
+    defaults = Sizes(batch_size=1)
+    return Sizes(
+        batch_size=table.get("batch_size", 0),
+        image_size=table.get("image_size", defaults.image_size),
+        seq_len=table.get("seq_len", defaults.seq_len),
+    )
+
+
+def check_config(config: Mapping[str, Any], device_class: str) -> None:
+    """Raise :class:`ConfigError` for the first cross-reference or value that cannot work."""
+    environments, variants = config["environments"], config["variants"]
+    for model in config["models"]:
+        if model not in REGISTRY:
+            raise ConfigError(f"models.{model}: unknown model (accepted: {', '.join(REGISTRY)})")
+        if not config["models"][model].get(device_class):
+            raise ConfigError(f"models.{model}.{device_class}: no sizes for this device class")
+        try:
+            check_sizes(model, model_sizes(config, model, device_class))
+        except BadInput as exc:
+            raise ConfigError(f"models.{model}.{device_class}.{exc}") from None
+    for name, knobs in variants.items():
+        try:
+            parse_knobs(knobs)
+        except BadInput as exc:
+            raise ConfigError(f"variants.{name}: {exc}") from None
+    for name, comparison in config["comparisons"].items():
+        for side in ("baseline", "candidate"):
+            env, variant = comparison[side]["env"], comparison[side]["variant"]
+            if env not in environments:
+                raise ConfigError(
+                    f"comparisons.{name}.{side}.env: {env!r} is not an environment "
+                    f"(defined: {', '.join(environments)})"
+                )
+            if variant not in variants:
+                raise ConfigError(
+                    f"comparisons.{name}.{side}.variant: {variant!r} is not a variant "
+                    f"(defined: {', '.join(variants)})"
+                )
+        if comparison["baseline"] == comparison["candidate"]:
+            raise ConfigError(f"comparisons.{name}: baseline and candidate are the same")
+    _check_environments(environments)
+
+
+def _check_environments(environments: Mapping[str, Any]) -> None:
+    for name, env in environments.items():
+        if env["kind"] == "venv" and not (env.get("requirements") and env.get("python")):
+            raise ConfigError(f"environments.{name}: kind venv needs requirements and python")
+        if env["kind"] == "container" and not env.get("container"):
+            raise ConfigError(f"environments.{name}: kind container needs container")
+
+
+def env_variant_pairs(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (environment, variant) pairs the comparisons need, in first-mentioned order."""
+    pairs: dict[tuple[str, str], None] = {}
+    for comparison in config["comparisons"].values():
+        for side in ("baseline", "candidate"):
+            pairs[(comparison[side]["env"], comparison[side]["variant"])] = None
+    return list(pairs)
+
+
+def cells(config: Mapping[str, Any], device_class: str) -> Iterator[Cell]:
+    """Every cell of the matrix. Trials are the outer loop, so that in order of listing the
+    trials of baseline and candidate alternate instead of running back to back."""
+    pairs = env_variant_pairs(config)
+    for trial in range(config["trials"]):
+        for model in config["models"]:
+            size = size_label(model, model_sizes(config, model, device_class))
+            for mode in config["modes"]:
+                for env, variant in pairs:
+                    yield Cell(env, model, variant, mode, size, trial)
+
+
+def runtime_minutes(config: Mapping[str, Any]) -> int:
+    """The scheduler's time request of one cell: its own limit plus slack for start-up."""
+    return math.ceil(config["timeout_s"] / 60) + MINUTES_OF_SLACK

@@ -1,0 +1,255 @@
+"""The in-process harness: every model and knob at a tiny size, the numerics gate, faults."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from jsonschema import Draft202012Validator
+from torch import nn
+from torch.nn import functional
+
+from ptspeed.harness import run_cell
+from ptspeed.models import REGISTRY, Batch, ModelSpec, Sizes
+from ptspeed.record import CellSpec, Record, json_schema, write_record
+
+TINY_SIZES: dict[str, dict[str, int]] = {
+    "mlp": {},
+    "lstm-lm": {"seq_len": 8},
+    "resnet50": {"image_size": 32},
+    "mask-rcnn": {"image_size": 64},
+    "bert-base": {"seq_len": 8},
+    "gpt2": {"seq_len": 8},
+}
+MEASURED_STEPS = 2
+HAS_FLOP_COUNTER = True
+try:
+    from torch.utils.flop_counter import FlopCounterMode  # noqa: F401
+except ImportError:
+    HAS_FLOP_COUNTER = False
+
+
+def tiny_cell(model: str, knobs: str = "eager", mode: str = "train", **fields: Any) -> CellSpec:
+    """A cell small enough for a 2-core CPU: batch 2, one warm-up step, two measured."""
+    settings: dict[str, Any] = {
+        "batch_size": 2,
+        "warmup_steps": 1,
+        "measured_steps": MEASURED_STEPS,
+        "numerics_steps": 1,
+        "device": "cpu",
+        **TINY_SIZES[model],
+        **fields,
+    }
+    return CellSpec(model=model, variant=knobs, knobs=knobs, mode=mode, **settings)
+
+
+def assert_valid_json_record(record: Record, tmp_path: Path) -> dict[str, Any]:
+    """Write the record as the worker does and validate the file against the schema."""
+    write_record(record, tmp_path / "cell.json")
+    data = json.loads((tmp_path / "cell.json").read_text(encoding="utf-8"))
+    Draft202012Validator(json_schema()).validate(data)
+    return data
+
+
+def assert_measured(record: Record, spec: CellSpec) -> None:
+    metrics = record.metrics
+    assert record.status == "ok", record.reason
+    assert record.reason == ""
+    assert metrics.throughput_samples_per_s > 0
+    assert len(metrics.step_times_s) == spec.measured_steps
+    assert all(t > 0 for t in metrics.step_times_s)
+    assert metrics.first_step_s > 0
+    assert metrics.warmup_s >= metrics.first_step_s
+    assert metrics.peak_memory_bytes > 0
+    assert metrics.memory_kind == "process_peak_rss"
+    if spec.mode == "train":
+        assert math.isfinite(metrics.loss_first)
+        assert math.isfinite(metrics.loss_last)
+    else:
+        assert metrics.loss_first is None and metrics.loss_last is None
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+@pytest.mark.parametrize("model", list(REGISTRY))
+def test_every_model_runs_a_tiny_cell(model: str, mode: str, tmp_path: Path) -> None:
+    spec = tiny_cell(model, mode=mode)
+    record = run_cell(spec)
+    assert_measured(record, spec)
+    if HAS_FLOP_COUNTER:
+        assert record.metrics.flops_per_sample > 0
+        assert record.metrics.achieved_flops_per_s == pytest.approx(
+            record.metrics.flops_per_sample * record.metrics.throughput_samples_per_s
+        )
+    assert record.numerics.checked is False
+    assert record.numerics.reason == "eager fp32 is the reference itself"
+    assert record.provenance.torch == torch.__version__
+    assert_valid_json_record(record, tmp_path)
+
+
+SUPPORTED_ON_CPU = [
+    ("mlp", "eager", "train"),
+    ("mlp", "compile+backend=eager", "train"),
+    ("mlp", "compile+backend=eager", "infer"),
+    ("mlp", "compile=max-autotune+backend=aot_eager", "train"),
+    ("mlp", "compile", "train"),  # inductor: a real C++ compile
+    ("mlp", "amp", "train"),
+    ("mlp", "amp", "infer"),
+    ("mlp", "amp=bf16", "train"),
+    ("resnet50", "channels_last", "train"),
+    ("mlp", "loader=0", "train"),
+    ("mlp", "loader=2", "train"),
+    ("mlp", "loader=2", "infer"),
+]
+
+
+@pytest.mark.parametrize(("model", "knobs", "mode"), SUPPORTED_ON_CPU)
+def test_supported_knobs_run_and_match_eager(model: str, knobs: str, mode: str) -> None:
+    # 64 px: at 32 px ResNet-50's last batch norm sees 2 values, too ill-conditioned to compare.
+    sizes = {"image_size": 64} if model == "resnet50" else {}
+    spec = tiny_cell(model, knobs, mode, **sizes)
+    record = run_cell(spec)
+    assert_measured(record, spec)
+    if knobs != "eager":
+        assert record.numerics.checked, record.numerics.reason
+        assert record.numerics.passed is True
+        assert record.numerics.reference == "fp64"
+
+
+UNSUPPORTED_ON_CPU = [
+    ("mlp", "amp=fp16", "amp=fp16 (fp16 autocast with GradScaler) needs a CUDA device"),
+    ("mlp", "channels_last", "channels_last applies to image models"),
+    ("mlp", "cudagraphs", "cudagraphs needs a CUDA device"),
+    ("resnet50", "cudagraphs", "cudagraphs needs a CUDA device"),
+    ("mlp", "loader=2+pin", "pin (pinned host memory) needs a CUDA device"),
+    ("mlp", "memfrac=0.8", "memfrac (set_per_process_memory_fraction) needs a CUDA device"),
+]
+
+
+@pytest.mark.parametrize(("model", "knobs", "reason"), UNSUPPORTED_ON_CPU)
+def test_unsupported_knobs_are_recorded_with_a_reason(
+    model: str, knobs: str, reason: str, tmp_path: Path
+) -> None:
+    record = run_cell(tiny_cell(model, knobs))
+    assert record.status == "unsupported"
+    assert record.reason.startswith(reason)
+    assert record.metrics.throughput_samples_per_s is None
+    assert record.provenance.torch == torch.__version__
+    assert_valid_json_record(record, tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_requested_without_a_gpu_is_unsupported() -> None:
+    record = run_cell(tiny_cell("mlp", device="cuda"))
+    assert record.status == "unsupported"
+    assert "no CUDA device" in record.reason
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_a_wrong_variant_is_a_numerics_mismatch(mode: str, tmp_path: Path) -> None:
+    record = run_cell(tiny_cell("mlp", mode=mode, fault="numerics"))
+    assert record.status == "numerics_mismatch"
+    compared = "loss" if mode == "train" else "output"
+    assert record.reason.startswith(f"{compared} differs from eager fp64 by 0.1 (allowed 0.001")
+    assert record.numerics.checked and record.numerics.passed is False
+    assert record.numerics.max_relative_error == pytest.approx(0.1, rel=1e-3)
+    assert_valid_json_record(record, tmp_path)
+
+
+@pytest.mark.parametrize(("knobs", "precision"), [("loader=0", "fp32"), ("amp=bf16", "bf16")])
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_a_correct_variant_passes_the_numerics_gate(knobs: str, precision: str, mode: str) -> None:
+    record = run_cell(tiny_cell("mlp", knobs, mode, warmup_steps=2, numerics_steps=2))
+    check = record.numerics
+    assert record.status == "ok", record.reason
+    assert check.checked and check.passed is True
+    assert check.reference == "fp64"
+    assert check.precision == precision
+    assert check.compared == ("loss" if mode == "train" else "output")
+    assert len(check.variant_values) == len(check.fp64_values) == 2
+    assert check.max_relative_error <= check.allowed_error
+
+
+def test_the_fp64_reference_keeps_fp64_precision() -> None:
+    check = run_cell(tiny_cell("mlp", "loader=0", numerics_steps=1)).numerics
+    fp64_loss = check.fp64_values[0]
+    assert float(np.float32(fp64_loss)) != fp64_loss, "the fp64 loss was rounded to fp32"
+    assert check.eager_fp32_error > 0
+
+
+def test_numerics_steps_zero_skips_the_check() -> None:
+    record = run_cell(tiny_cell("mlp", "loader=0", numerics_steps=0))
+    assert record.status == "ok"
+    assert record.numerics.checked is False
+    assert record.numerics.reason == "numerics_steps is 0"
+
+
+class DropoutNet(nn.Module):
+    """A model whose steps draw random numbers, like BERT and GPT-2 in train mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(16, 64)
+        self.out = nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(functional.dropout(torch.relu(self.hidden(x)), 0.5, self.training))
+
+
+def _dropout_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
+    return {
+        "x": torch.randn(sizes.batch_size, 16, generator=generator),
+        "y": torch.randint(0, 4, (sizes.batch_size,), generator=generator),
+    }
+
+
+DROPOUT_SPEC = ModelSpec(
+    name="mlp",
+    description="dropout MLP (test only)",
+    build=lambda sizes: DropoutNet(),
+    make_batch=_dropout_batch,
+    loss=lambda model, batch: functional.cross_entropy(model(batch["x"]), batch["y"]),
+    infer=lambda model, batch: model(batch["x"]),
+)
+
+
+@pytest.mark.parametrize("knobs", ["loader=0", "loader=2", "compile+backend=aot_eager"])
+def test_random_ops_see_the_same_random_numbers_as_the_reference(
+    knobs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ptspeed.harness.get_model", lambda name: DROPOUT_SPEC)
+    record = run_cell(tiny_cell("mlp", knobs, batch_size=8, warmup_steps=2, numerics_steps=2))
+    assert record.status == "ok", record.reason
+    # fp32 code on the same weights, batch and random numbers: equal to eager fp32.
+    assert record.numerics.variant_values == pytest.approx(record.numerics.reference_values)
+
+
+def test_an_exception_is_a_failed_record(tmp_path: Path) -> None:
+    record = run_cell(tiny_cell("mlp", fault="error"))
+    assert record.status == "failed"
+    assert record.reason == "RuntimeError: injected fault: error in the first step"
+    assert "Traceback (most recent call last)" in record.detail
+    assert "_inject_fault" in record.detail
+    assert record.finished_at >= record.started_at and record.duration_s > 0
+    assert_valid_json_record(record, tmp_path)
+
+
+def test_a_simulated_oom_is_an_oom_record_naming_the_batch_size(tmp_path: Path) -> None:
+    record = run_cell(tiny_cell("mlp", fault="oom", batch_size=3))
+    assert record.status == "oom"
+    assert record.reason.startswith("out of memory at batch_size 3: ")
+    assert "can't allocate memory" in record.reason
+    assert "Traceback (most recent call last)" in record.detail
+    data = assert_valid_json_record(record, tmp_path)
+    assert Record.from_dict(data) == record
+
+
+def test_bad_knobs_in_process_are_a_failed_record_not_a_crash() -> None:
+    record = run_cell(dataclasses.replace(tiny_cell("mlp"), knobs="turbo"))
+    assert record.status == "failed"
+    assert "knobs: unknown knob 'turbo'" in record.reason

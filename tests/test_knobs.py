@@ -1,0 +1,223 @@
+"""Variant knobs: the grammar, its error messages, and what a torch/device can run."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ptspeed.knobs import (
+    AMP_DTYPES,
+    COMPILE_MODES,
+    KNOB_NAMES,
+    BadInput,
+    Knobs,
+    parse_knobs,
+    unsupported_reason,
+)
+
+ACCEPTED_TEXT = re.compile(r"[a-z0-9_.=+-]+")
+BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")
+
+
+def render(knobs: Knobs) -> list[str]:
+    """The knob tokens that stand for ``knobs`` (the inverse of parsing, up to order)."""
+    tokens = []
+    if knobs.compile_mode is not None:
+        mode = knobs.compile_mode
+        tokens.append("compile" if mode == "default" else f"compile={mode}")
+        if knobs.compile_backend != "inductor":
+            tokens.append(f"backend={knobs.compile_backend}")
+    if knobs.amp is not None:
+        tokens.append("amp" if knobs.amp == "auto" else f"amp={knobs.amp}")
+    tokens += [name for name in ("channels_last", "cudagraphs") if getattr(knobs, name)]
+    if knobs.loader_workers is not None:
+        tokens.append(f"loader={knobs.loader_workers}")
+        if knobs.pin_memory:
+            tokens.append("pin")
+    if knobs.memory_fraction is not None:
+        tokens.append(f"memfrac={knobs.memory_fraction!r}")
+    return tokens or ["eager"]
+
+
+@st.composite
+def valid_knobs(draw: st.DrawFn) -> Knobs:
+    compiled = draw(st.booleans())
+    loader = draw(st.none() | st.integers(0, 64))
+    return Knobs(
+        compile_mode=draw(st.sampled_from(COMPILE_MODES)) if compiled else None,
+        compile_backend=draw(st.sampled_from(BACKENDS)) if compiled else "inductor",
+        amp=draw(st.none() | st.sampled_from(AMP_DTYPES)),
+        channels_last=draw(st.booleans()),
+        cudagraphs=draw(st.booleans()),
+        loader_workers=loader,
+        pin_memory=loader is not None and draw(st.booleans()),
+        memory_fraction=draw(st.none() | st.floats(1e-6, 1.0)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("eager", Knobs()),
+        (" eager ", Knobs()),
+        ("compile", Knobs(compile_mode="default")),
+        (
+            "compile=max-autotune+backend=aot_eager",
+            Knobs(compile_mode="max-autotune", compile_backend="aot_eager"),
+        ),
+        ("backend=eager+compile", Knobs(compile_mode="default", compile_backend="eager")),
+        ("amp", Knobs(amp="auto")),
+        ("amp=bf16+channels_last", Knobs(amp="bf16", channels_last=True)),
+        ("cudagraphs", Knobs(cudagraphs=True)),
+        ("loader", Knobs(loader_workers=0)),
+        ("loader=2+pin", Knobs(loader_workers=2, pin_memory=True)),
+        ("memfrac=0.8", Knobs(memory_fraction=0.8)),
+        ("memfrac=1", Knobs(memory_fraction=1.0)),
+    ],
+)
+def test_grammar_examples(text: str, expected: Knobs) -> None:
+    assert parse_knobs(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "empty (accepted knobs: eager, compile"),
+        ("   ", "empty"),
+        ("amp+amp=bf16", "'amp' given twice"),
+        ("compile+compile=max-autotune", "'compile' given twice"),
+        ("turbo", "unknown knob 'turbo' (accepted: eager, compile"),
+        ("compile=fast", "compile=fast is not one of default, reduce-overhead"),
+        ("amp=fp8", "amp=fp8 is not one of auto, fp16, bf16"),
+        ("loader=-1", "loader=-1 must be an integer from 0 to 64"),
+        ("loader=65", "must be an integer from 0 to 64"),
+        ("loader=two", "must be an integer"),
+        ("memfrac=0", "memfrac=0 must be a number in (0, 1]"),
+        ("memfrac=1.5", "must be a number in (0, 1]"),
+        ("memfrac=nan", "must be a number in (0, 1]"),
+        ("memfrac", "must be a number in (0, 1]"),
+        ("backend", "backend needs a value"),
+        ("backend=eager", "backend= needs compile"),
+        ("pin", "pin needs loader"),
+        ("eager+amp", "eager cannot be combined"),
+        ("channels_last=yes", "channels_last takes no value"),
+        ("AMP", "'AMP' is not name or name=value"),
+        ("amp++compile", "'' is not name or name=value"),
+        ("amp = bf16", "is not name or name=value"),
+        ("memfrac=0.5\n+amp", "is not name or name=value"),
+        ("compile+backend=eager\n+amp", "is not name or name=value"),
+    ],
+)
+def test_bad_knobs_are_refused_with_one_clear_line(text: str, fragment: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        parse_knobs(text)
+    message = str(caught.value)
+    assert message.startswith("knobs: ")
+    assert fragment in message
+    assert "\n" not in message
+
+
+@given(valid_knobs(), st.randoms())
+def test_rendered_knobs_parse_back_in_any_order(knobs: Knobs, rng: random.Random) -> None:
+    tokens = render(knobs)
+    rng.shuffle(tokens)
+    assert parse_knobs("+".join(tokens)) == knobs
+
+
+@given(st.text() | st.text(alphabet="abcdefgilmnoprstuvxz0123456789_=.+- \n\t", max_size=40))
+def test_any_text_parses_or_is_refused_as_bad_input(text: str) -> None:
+    try:
+        knobs = parse_knobs(text)
+    except BadInput as exc:
+        assert str(exc).startswith("knobs: ")
+        assert "\n" not in str(exc)
+    else:
+        assert isinstance(knobs, Knobs)
+        assert ACCEPTED_TEXT.fullmatch(text.strip())
+
+
+@given(st.lists(st.sampled_from([*KNOB_NAMES, "amp=bf16", "loader=2", "memfrac=0.5"]), max_size=5))
+def test_combinations_of_valid_tokens_parse_or_are_refused(tokens: list[str]) -> None:
+    try:
+        knobs = parse_knobs("+".join(tokens))
+    except BadInput as exc:
+        assert str(exc).startswith("knobs: ")
+    else:
+        assert knobs.is_eager_fp32 == (tokens == ["eager"])
+
+
+def test_precision_of_amp_depends_on_the_device() -> None:
+    assert Knobs().precision("cuda") == "fp32"
+    assert Knobs(amp="auto").precision("cuda") == "fp16"
+    assert Knobs(amp="auto").precision("cpu") == "bf16"
+    assert Knobs(amp="fp16").precision("cpu") == "fp16"
+    assert Knobs().is_eager_fp32
+    assert not Knobs(loader_workers=0).is_eager_fp32
+
+
+def reason(
+    text: str,
+    device: str = "cuda",
+    torch_version: tuple[int, int] = (2, 5),
+    python: tuple[int, int] = (3, 11),
+    image_model: bool = True,
+) -> str:
+    return unsupported_reason(parse_knobs(text), device, torch_version, python, image_model)
+
+
+@pytest.mark.parametrize(
+    ("text", "device", "torch_version", "python", "image_model", "fragment"),
+    [
+        ("compile", "cuda", (1, 13), (3, 10), True, "PyTorch >= 2.0 (this environment has 1.13)"),
+        ("compile", "cpu", (1, 13), (3, 10), True, "needs PyTorch >= 2.0"),
+        ("compile", "cuda", (2, 0), (3, 11), True, "supports Python <= 3.10"),
+        ("compile+cudagraphs", "cuda", (2, 1), (3, 11), True, "use compile=reduce-overhead"),
+        ("amp=fp16", "cpu", (2, 5), (3, 11), True, "needs a CUDA device (this cell runs on cpu)"),
+        ("cudagraphs", "cpu", (2, 5), (3, 11), True, "cudagraphs needs a CUDA device"),
+        ("loader=2+pin", "cpu", (2, 5), (3, 11), True, "pin (pinned host memory) needs a CUDA"),
+        ("memfrac=0.8", "cpu", (2, 5), (3, 11), True, "memfrac"),
+        ("cudagraphs+amp", "cuda", (2, 5), (3, 11), True, "GradScaler"),
+        ("channels_last", "cuda", (2, 5), (3, 11), False, "image models"),
+        ("channels_last", "cpu", (1, 13), (3, 10), False, "image models"),
+    ],
+)
+def test_unsupported_combinations_are_named(
+    text: str,
+    device: str,
+    torch_version: tuple[int, int],
+    python: tuple[int, int],
+    image_model: bool,
+    fragment: str,
+) -> None:
+    assert fragment in reason(text, device, torch_version, python, image_model)
+
+
+@pytest.mark.parametrize(
+    ("text", "device", "torch_version", "python", "image_model"),
+    [
+        ("eager", "cpu", (1, 13), (3, 10), False),
+        ("compile", "cuda", (2, 0), (3, 10), True),
+        ("compile=max-autotune+backend=aot_eager", "cpu", (2, 1), (3, 11), False),
+        ("amp=fp16", "cuda", (1, 13), (3, 10), True),
+        ("amp", "cuda", (2, 0), (3, 10), True),
+        ("amp", "cpu", (2, 5), (3, 11), False),
+        ("amp=bf16", "cpu", (1, 13), (3, 10), False),
+        ("cudagraphs", "cuda", (2, 5), (3, 11), True),
+        ("cudagraphs+amp=bf16", "cuda", (2, 5), (3, 11), True),
+        ("loader=2+pin+memfrac=0.8", "cuda", (1, 13), (3, 10), True),
+        ("loader=2", "cpu", (2, 5), (3, 11), False),
+        ("channels_last", "cpu", (2, 5), (3, 11), True),
+    ],
+)
+def test_supported_combinations_have_no_reason(
+    text: str,
+    device: str,
+    torch_version: tuple[int, int],
+    python: tuple[int, int],
+    image_model: bool,
+) -> None:
+    assert reason(text, device, torch_version, python, image_model) == ""

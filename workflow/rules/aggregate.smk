@@ -1,0 +1,43 @@
+# Aggregation: every record of the matrix into tidy tables (runs, summary, speedups).
+
+
+rule effective_config:
+    output:
+        f"{RESULTS}/config.json",
+    params:
+        config=effective_config_json(),
+    log:
+        f"{RESULTS}/logs/effective_config.log",
+    localrule: True
+    shell:
+        "printf '%s\\n' {params.config:q} > {output:q} 2> {log:q}"
+
+
+rule aggregate:
+    input:
+        records=record_paths(),
+        config=rules.effective_config.output,
+        claims="config/claims.yaml",
+    output:
+        runs=report(
+            f"{RESULTS}/tables/runs.csv", caption="../../report/captions/runs.rst", category="Tables"
+        ),
+        summary=report(
+            f"{RESULTS}/tables/summary.csv",
+            caption="../../report/captions/summary.rst",
+            category="Tables",
+        ),
+        speedups=report(
+            f"{RESULTS}/tables/speedups.csv",
+            caption="../../report/captions/speedups.rst",
+            category="Tables",
+        ),
+    log:
+        f"{RESULTS}/logs/aggregate.log",
+    params:
+        python=HOST_PYTHON,
+        out_dir=f"{RESULTS}/tables",
+    localrule: True
+    shell:
+        "{params.python} scripts/aggregate.py --config {input.config:q} --claims {input.claims:q}"
+        " --records {input.records:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

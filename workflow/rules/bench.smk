@@ -1,0 +1,28 @@
+# Benchmark cells: one job per (environment, model, variant, mode, size, trial). The harness
+# writes exactly one record whatever happens (ok, unsupported, failed, oom, timeout,
+# numerics_mismatch) and exits 0, so a bad cell never stops the run.
+
+
+rule cell:
+    input:
+        env=env_ready_file,
+    output:
+        record=f"{RESULTS}/records/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.json",
+    log:
+        f"{RESULTS}/logs/cells/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/cells/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.tsv"
+    params:
+        python=env_python,
+        arguments=cell_arguments,
+        src=Path(workflow.basedir) / "src",
+    threads: cell_threads()
+    resources:
+        gpu=cell_gpus,
+        runtime=runtime_minutes(config),
+        mem_mb=config["mem_mb"],
+    container:
+        env_container
+    shell:
+        "PYTHONPATH={params.src:q} {params.python} -m ptspeed cell {params.arguments}"
+        " --out {output.record:q} > {log:q} 2>&1"

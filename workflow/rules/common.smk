@@ -1,0 +1,143 @@
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+
+from ptspeed.envbuild import lock_hash
+from ptspeed.matrix import (
+    ConfigError,
+    cells,
+    check_config,
+    model_sizes,
+    runtime_minutes,
+)
+
+
+def validated_config(raw):
+    try:
+        validate(raw, schema="../schemas/config.schema.yaml", set_default=True)
+    except WorkflowError as exc:
+        raise WorkflowError(f"config: {first_line(exc)}") from None
+    for key, default in (("warmup", 3), ("measured", 10), ("numerics", 2)):
+        raw["steps"].setdefault(key, default)
+    return raw
+
+
+def first_line(exc):
+    text = " ".join(str(a) for a in exc.args) or str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    detail = [line for line in lines if not line.startswith("Error validating")]
+    return detail[0] if detail else lines[0]
+
+
+def detect_device_class(requested):
+    if requested != "auto":
+        return requested
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "cpu"
+    listed = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    return "cuda" if listed.returncode == 0 and "GPU" in listed.stdout else "cpu"
+
+
+config = validated_config(config)
+DEVICE_CLASS = detect_device_class(config["device"])
+try:
+    check_config(config, DEVICE_CLASS)
+except ConfigError as exc:
+    raise WorkflowError(f"config: {exc}") from None
+
+RESULTS = config["results"]
+ENVIRONMENTS = config["environments"]
+CELLS = list(cells(config, DEVICE_CLASS))
+NAME = r"[a-z0-9][a-z0-9._-]*"
+HOST_PYTHON = shlex.quote(sys.executable)
+
+
+wildcard_constraints:
+    env="|".join(map(re.escape, ENVIRONMENTS)),
+    model=NAME,
+    variant=NAME,
+    mode="train|infer",
+    size=r"b[0-9]+(-i[0-9]+)?(-s[0-9]+)?",
+    trial=r"[0-9]+",
+
+
+def record_paths():
+    return [f"{RESULTS}/{cell.path}" for cell in CELLS]
+
+
+def uses_container(env):
+    """Whether cells of ``env`` run in its image: kind container, or any env under
+    --use-singularity / --sdm apptainer when it names an image."""
+    deployment = {str(m).lower() for m in workflow.deployment_settings.deployment_method}
+    in_apptainer = any("apptainer" in m or "singularity" in m for m in deployment)
+    spec = ENVIRONMENTS[env]
+    return spec["kind"] == "container" or (in_apptainer and bool(spec.get("container")))
+
+
+def env_container(wildcards):
+    env = wildcards.env
+    return ENVIRONMENTS[env].get("container") if uses_container(env) else None
+
+
+def venv_dir(env):
+    spec = ENVIRONMENTS[env]
+    return Path(config["env_cache"]) / f"{env}-{lock_hash(spec['requirements'])}"
+
+
+def env_ready_file(wildcards):
+    """The build_env output a cell waits for (none for host and container cells)."""
+    if ENVIRONMENTS[wildcards.env]["kind"] != "venv" or uses_container(wildcards.env):
+        return []
+    return f"{RESULTS}/envs/{wildcards.env}.json"
+
+
+def env_python(wildcards):
+    if uses_container(wildcards.env):
+        return "python"
+    if ENVIRONMENTS[wildcards.env]["kind"] == "host":
+        return shlex.quote(sys.executable)
+    return shlex.quote(str(Path(venv_dir(wildcards.env)).resolve() / "bin" / "python"))
+
+
+def cell_arguments(wildcards, threads):
+    sizes = model_sizes(config, wildcards.model, DEVICE_CLASS)
+    arguments = [
+        "--env", wildcards.env,
+        "--model", wildcards.model,
+        "--variant", wildcards.variant,
+        "--knobs", config["variants"][wildcards.variant],
+        "--mode", wildcards.mode,
+        "--batch-size", sizes.batch_size,
+        "--image-size", sizes.image_size,
+        "--seq-len", sizes.seq_len,
+        "--trial", wildcards.trial,
+        "--warmup", config["steps"]["warmup"],
+        "--steps", config["steps"]["measured"],
+        "--numerics-steps", config["steps"]["numerics"],
+        "--device", DEVICE_CLASS,
+        "--threads", threads if DEVICE_CLASS == "cpu" else 0,
+        "--timeout", config["timeout_s"],
+    ]
+    return " ".join(shlex.quote(str(a)) for a in arguments)
+
+
+def cell_threads():
+    return config["threads"] or workflow.cores or 1
+
+
+def cell_gpus(wildcards):
+    return 1 if DEVICE_CLASS == "cuda" else 0
+
+
+def effective_config_json():
+    return json.dumps(config, sort_keys=True)

@@ -1,0 +1,22 @@
+# Environments: one virtualenv per environment, built from its hash-locked requirements and
+# cached by the lock's hash (a rebuilt results/ reuses it; a changed lock builds a new one).
+
+
+rule build_env:
+    input:
+        requirements=lambda wildcards: ENVIRONMENTS[wildcards.env]["requirements"],
+    output:
+        ready=f"{RESULTS}/envs/{{env}}.json",
+    log:
+        f"{RESULTS}/logs/envs/{{env}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/envs/{{env}}.tsv"
+    params:
+        python=HOST_PYTHON,
+        python_version=lambda wildcards: ENVIRONMENTS[wildcards.env]["python"],
+        dest=config["env_cache"],
+    localrule: True
+    shell:
+        "{params.python} scripts/build_env.py --name {wildcards.env} --requirements {input.requirements:q}"
+        " --python {params.python_version:q} --dest {params.dest:q} --link {output.ready:q}"
+        " > {log:q} 2>&1"

@@ -1,0 +1,27 @@
+# The report: the seed table reproduced, as a self-contained HTML page and as Markdown.
+
+
+rule report:
+    input:
+        runs=rules.aggregate.output.runs,
+        summary=rules.aggregate.output.summary,
+        speedups=rules.aggregate.output.speedups,
+        config=rules.effective_config.output,
+        claims="config/claims.yaml",
+    output:
+        html=report(
+            f"{RESULTS}/report/index.html",
+            caption="../../report/captions/report.rst",
+            category="Report",
+        ),
+        markdown=f"{RESULTS}/report/report.md",
+    log:
+        f"{RESULTS}/logs/report.log",
+    params:
+        python=HOST_PYTHON,
+        out_dir=f"{RESULTS}/report",
+    localrule: True
+    shell:
+        "{params.python} scripts/render_report.py --runs {input.runs:q} --summary {input.summary:q}"
+        " --speedups {input.speedups:q} --config {input.config:q} --claims {input.claims:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
