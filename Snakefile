@@ -12,7 +12,6 @@ if not workflow.config_settings.configfiles:
     configfile: "config/config.yaml"
 
 
-
 report: "report/workflow.rst"
 
 
@@ -24,6 +23,6 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         rules.report.output,
-    default_target: True

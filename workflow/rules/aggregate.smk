@@ -4,11 +4,13 @@
 rule effective_config:
     output:
         f"{RESULTS}/config.json",
-    params:
-        config=effective_config_json(),
     log:
         f"{RESULTS}/logs/effective_config.log",
     localrule: True
+    conda:
+        "../../envs/workflow.yaml"
+    params:
+        config=effective_config_json(),
     shell:
         "printf '%s\\n' {params.config:q} > {output:q} 2> {log:q}"
 
@@ -20,7 +22,9 @@ rule aggregate:
         claims="config/claims.yaml",
     output:
         runs=report(
-            f"{RESULTS}/tables/runs.csv", caption="../../report/captions/runs.rst", category="Tables"
+            f"{RESULTS}/tables/runs.csv",
+            caption="../../report/captions/runs.rst",
+            category="Tables",
         ),
         summary=report(
             f"{RESULTS}/tables/summary.csv",
@@ -34,10 +38,12 @@ rule aggregate:
         ),
     log:
         f"{RESULTS}/logs/aggregate.log",
+    localrule: True
+    conda:
+        "../../envs/workflow.yaml"
     params:
         python=HOST_PYTHON,
-        out_dir=f"{RESULTS}/tables",
-    localrule: True
+        out_dir=lambda wildcards, output: Path(output.runs).parent,
     shell:
         "{params.python} scripts/aggregate.py --config {input.config:q} --claims {input.claims:q}"
         " --records {input.records:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

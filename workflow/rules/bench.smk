@@ -12,17 +12,17 @@ rule cell:
         f"{RESULTS}/logs/cells/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/cells/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.tsv"
-    params:
-        python=env_python,
-        arguments=cell_arguments,
-        src=Path(workflow.basedir) / "src",
+    container:
+        env_container
     threads: cell_threads()
     resources:
         gpu=cell_gpus,
         runtime=runtime_minutes(config),
         mem_mb=config["mem_mb"],
-    container:
-        env_container
+    params:
+        python=env_python,
+        arguments=cell_arguments,
+        src=Path(workflow.basedir) / "src",
     shell:
         "PYTHONPATH={params.src:q} {params.python} -m ptspeed cell {params.arguments}"
         " --out {output.record:q} > {log:q} 2>&1"

@@ -78,7 +78,9 @@ def record_paths():
 def uses_container(env):
     """Whether cells of ``env`` run in its image: kind container, or any env under
     --use-singularity / --sdm apptainer when it names an image."""
-    deployment = {str(m).lower() for m in workflow.deployment_settings.deployment_method}
+    deployment = {
+        str(m).lower() for m in workflow.deployment_settings.deployment_method
+    }
     in_apptainer = any("apptainer" in m or "singularity" in m for m in deployment)
     spec = ENVIRONMENTS[env]
     return spec["kind"] == "container" or (in_apptainer and bool(spec.get("container")))
@@ -112,21 +114,36 @@ def env_python(wildcards):
 def cell_arguments(wildcards, threads):
     sizes = model_sizes(config, wildcards.model, DEVICE_CLASS)
     arguments = [
-        "--env", wildcards.env,
-        "--model", wildcards.model,
-        "--variant", wildcards.variant,
-        "--knobs", config["variants"][wildcards.variant],
-        "--mode", wildcards.mode,
-        "--batch-size", sizes.batch_size,
-        "--image-size", sizes.image_size,
-        "--seq-len", sizes.seq_len,
-        "--trial", wildcards.trial,
-        "--warmup", config["steps"]["warmup"],
-        "--steps", config["steps"]["measured"],
-        "--numerics-steps", config["steps"]["numerics"],
-        "--device", DEVICE_CLASS,
-        "--threads", threads if DEVICE_CLASS == "cpu" else 0,
-        "--timeout", config["timeout_s"],
+        "--env",
+        wildcards.env,
+        "--model",
+        wildcards.model,
+        "--variant",
+        wildcards.variant,
+        "--knobs",
+        config["variants"][wildcards.variant],
+        "--mode",
+        wildcards.mode,
+        "--batch-size",
+        sizes.batch_size,
+        "--image-size",
+        sizes.image_size,
+        "--seq-len",
+        sizes.seq_len,
+        "--trial",
+        wildcards.trial,
+        "--warmup",
+        config["steps"]["warmup"],
+        "--steps",
+        config["steps"]["measured"],
+        "--numerics-steps",
+        config["steps"]["numerics"],
+        "--device",
+        DEVICE_CLASS,
+        "--threads",
+        threads if DEVICE_CLASS == "cpu" else 0,
+        "--timeout",
+        config["timeout_s"],
     ]
     return " ".join(shlex.quote(str(a)) for a in arguments)
 

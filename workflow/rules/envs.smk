@@ -11,11 +11,13 @@ rule build_env:
         f"{RESULTS}/logs/envs/{{env}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/envs/{{env}}.tsv"
+    localrule: True
+    conda:
+        "../../envs/workflow.yaml"
     params:
         python=HOST_PYTHON,
         python_version=lambda wildcards: ENVIRONMENTS[wildcards.env]["python"],
         dest=config["env_cache"],
-    localrule: True
     shell:
         "{params.python} scripts/build_env.py --name {wildcards.env} --requirements {input.requirements:q}"
         " --python {params.python_version:q} --dest {params.dest:q} --link {output.ready:q}"

@@ -17,10 +17,12 @@ rule report:
         markdown=f"{RESULTS}/report/report.md",
     log:
         f"{RESULTS}/logs/report.log",
+    localrule: True
+    conda:
+        "../../envs/workflow.yaml"
     params:
         python=HOST_PYTHON,
-        out_dir=f"{RESULTS}/report",
-    localrule: True
+        out_dir=lambda wildcards, output: Path(output.html).parent,
     shell:
         "{params.python} scripts/render_report.py --runs {input.runs:q} --summary {input.summary:q}"
         " --speedups {input.speedups:q} --config {input.config:q} --claims {input.claims:q}"
