@@ -56,6 +56,7 @@ except ConfigError as exc:
     raise WorkflowError(f"config: {exc}") from None
 
 RESULTS = config["results"]
+ENV_CACHE = Path(config["env_cache"]).expanduser().resolve()
 ENVIRONMENTS = config["environments"]
 CELLS = list(cells(config, DEVICE_CLASS))
 NAME = r"[a-z0-9][a-z0-9._-]*"
@@ -93,7 +94,7 @@ def env_container(wildcards):
 
 def venv_dir(env):
     spec = ENVIRONMENTS[env]
-    return Path(config["env_cache"]) / f"{env}-{lock_hash(spec['requirements'])}"
+    return ENV_CACHE / f"{env}-{lock_hash(spec['requirements'])}"
 
 
 def env_ready_file(wildcards):

@@ -17,7 +17,7 @@ rule build_env:
     params:
         python=HOST_PYTHON,
         python_version=lambda wildcards: ENVIRONMENTS[wildcards.env]["python"],
-        dest=config["env_cache"],
+        dest=ENV_CACHE,
     shell:
         "{params.python} scripts/build_env.py --name {wildcards.env} --requirements {input.requirements:q}"
         " --python {params.python_version:q} --dest {params.dest:q} --link {output.ready:q}"

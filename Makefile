@@ -1,0 +1,42 @@
+# ptspeed: `make run` runs the default matrix, `make test` runs the tests.
+# Both set up the virtualenv first (.venv, Python >= 3.11) if it is missing or stale.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ptspeed-setup
+# The host environment's PyTorch: the current release, with its torchvision, and the same
+# transformers as every benchmark environment (envs/*.txt).
+HOST_TORCH := torch==2.14.1 torchvision==0.29.1 transformers==4.46.3
+
+.PHONY: setup run test test-fast lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(HOST_TORCH)
+	$(BIN)/python -m pip install --quiet -e '.[workflow,dev]'
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/snakemake --cores all
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/snakefmt --check .
+	$(BIN)/snakemake --lint
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/snakefmt .
+
+clean:
+	rm -rf results .snakemake .pytest_cache
