@@ -118,6 +118,9 @@ def _measure_variant(
     total_steps = spec.warmup_steps + spec.measured_steps
     next_batch = batch_supplier(host_batch, knobs, device, total_steps)
     _reset_peak_memory(device)
+    # The steps draw random numbers (dropout, detection samplers): start them from the same
+    # state as the eager references, whatever FLOP counting and the loader drew before.
+    torch.manual_seed(spec.seed)
 
     timer = make_timer(torch, device)
     timer.begin()
@@ -158,7 +161,7 @@ def _measure_variant(
 def _numerics_value(output: Any, mode: str) -> Any:
     """What the numerics check compares: the loss (train) or a detached fp32 output (infer)."""
     if mode == "train":
-        return float(output.float().item())
+        return float(output.double().item())  # not .float(): keep the fp64 run exact
     if isinstance(output, torch.Tensor):
         return output.detach().double().cpu()
     return None
@@ -206,6 +209,7 @@ def _eager_values(
         name: tensor.to(dtype) if tensor.is_floating_point() else tensor
         for name, tensor in to_device(host_batch, device, channels_last=False).items()
     }
+    torch.manual_seed(spec.seed)  # the variant's steps start from this state too
     try:
         return [_numerics_value(step(batch), spec.mode) for _ in range(spec.numerics_steps)]
     finally:

@@ -158,4 +158,5 @@ def cell_gpus(wildcards):
 
 
 def effective_config_json():
-    return json.dumps(config, sort_keys=True)
+    """The config as the cells saw it, with device auto resolved to the class used."""
+    return json.dumps({**config, "device": DEVICE_CLASS}, sort_keys=True)

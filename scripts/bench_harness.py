@@ -1,0 +1,146 @@
+"""Benchmark of the harness itself: does measuring through ptspeed cost throughput?
+
+For each model, alternates (in time) a ptspeed cell and a bare hand-written training loop of
+the same model, batch, optimizer and step counts, each in a fresh process; reports the ratio
+of median throughputs (goal >= 0.98) and the coefficient of variation of ptspeed's trials
+(goal <= 3 %). Usage:
+
+    .venv/bin/python scripts/bench_harness.py --trials 5
+
+The bare loop (``--bare``) imports nothing from ptspeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = {
+    "mlp": {"batch_size": 100, "image_size": 224},
+    "resnet50": {"batch_size": 8, "image_size": 64},
+}
+
+
+def bare_loop(model_name: str, batch_size: int, image_size: int, warmup: int, steps: int) -> float:
+    import torch
+    import torchvision
+    from torch.nn import functional
+
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    if model_name == "mlp":
+        model = torch.nn.Sequential(
+            torch.nn.Linear(1000, 1000), torch.nn.ReLU(), torch.nn.Linear(1000, 10)
+        )
+        inputs = torch.randn(batch_size, 1000, generator=generator)
+        targets = torch.randint(0, 10, (batch_size,), generator=generator)
+    else:
+        model = torchvision.models.resnet50(weights=None)
+        inputs = torch.randn(batch_size, 3, image_size, image_size, generator=generator)
+        targets = torch.randint(0, 1000, (batch_size,), generator=generator)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        functional.cross_entropy(model(inputs), targets).backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return batch_size * steps / (time.perf_counter() - started)
+
+
+def run_bare(model: str, case: dict[str, int], warmup: int, steps: int) -> float:
+    command = [
+        sys.executable,
+        __file__,
+        "--bare",
+        model,
+        "--warmup",
+        str(warmup),
+        "--steps",
+        str(steps),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def run_suite(model: str, case: dict[str, int], warmup: int, steps: int, out: Path) -> float:
+    command = [
+        sys.executable,
+        "-m",
+        "ptspeed",
+        "cell",
+        "--model",
+        model,
+        "--batch-size",
+        str(case["batch_size"]),
+        "--image-size",
+        str(case["image_size"]),
+        "--warmup",
+        str(warmup),
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+    ]
+    env = {"PYTHONPATH": str(ROOT / "src")}
+    subprocess.run(command, check=True, capture_output=True, env={**_environ(), **env})
+    record = json.loads(out.read_text())
+    if record["status"] != "ok":
+        raise SystemExit(
+            f"error: ptspeed cell {model} ended {record['status']}: {record['reason']}"
+        )
+    return record["metrics"]["throughput_samples_per_s"]
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--bare", metavar="MODEL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare:
+        case = CASES[args.bare]
+        print(bare_loop(args.bare, case["batch_size"], case["image_size"], args.warmup, args.steps))
+        return 0
+    with tempfile.TemporaryDirectory() as scratch:
+        for model, case in CASES.items():
+            suite, bare = [], []
+            for trial in range(args.trials):
+                out = Path(scratch) / f"{model}-{trial}.json"
+                suite.append(run_suite(model, case, args.warmup, args.steps, out))
+                bare.append(run_bare(model, case, args.warmup, args.steps))
+            ratio = statistics.median(suite) / statistics.median(bare)
+            cv = statistics.stdev(suite) / statistics.mean(suite)
+            print(
+                f"{model} {case}: suite median {statistics.median(suite):.1f} samples/s, "
+                f"bare median {statistics.median(bare):.1f}, ratio {ratio:.3f} (goal >= 0.98), "
+                f"suite cv {cv:.1%} (goal <= 3%), bare cv "
+                f"{statistics.stdev(bare) / statistics.mean(bare):.1%}"
+            )
+            print("  suite:", " ".join(f"{v:.1f}" for v in suite))
+            print("  bare: ", " ".join(f"{v:.1f}" for v in bare))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The command line and its watchdog: one record per cell whatever happens, bad input refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from ptspeed.models import REGISTRY
+from ptspeed.record import Record, json_schema
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TINY_CELL = [
+    "--model", "mlp", "--batch-size", "2", "--warmup", "1", "--steps", "2",
+    "--numerics-steps", "1", "--device", "cpu",
+]  # fmt: skip
+HANG_TIMEOUT_S = 5
+HANG_DEADLINE_S = 15
+
+
+def ptspeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ptspeed ARGS`` as a user would, with this checkout's sources."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "ptspeed", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def read_valid_record(path: Path) -> Record:
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    Draft202012Validator(json_schema()).validate(data)
+    return Record.from_dict(data)
+
+
+def files_in(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_a_tiny_cell_writes_an_ok_record_atomically(tmp_path: Path) -> None:
+    out = tmp_path / "records" / "cell.json"
+    out.parent.mkdir()
+    out.write_text("stale\n", encoding="utf-8")
+    result = ptspeed("cell", *TINY_CELL, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = read_valid_record(out)
+    assert record.status == "ok", record.reason
+    assert record.cell.knobs == "eager" and record.cell.batch_size == 2
+    assert len(record.metrics.step_times_s) == 2
+    assert files_in(out.parent) == ["cell.json"]
+    assert result.stderr.splitlines()[-1].startswith("mlp eager train batch 2: ok, ")
+
+
+def test_a_hung_cell_ends_as_a_timeout(tmp_path: Path) -> None:
+    out = tmp_path / "cell.json"
+    started = time.monotonic()
+    result = ptspeed(
+        "cell", *TINY_CELL, "--fault", "hang", "--timeout", str(HANG_TIMEOUT_S), "--out", str(out)
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert elapsed < HANG_DEADLINE_S
+    record = read_valid_record(out)
+    assert record.status == "timeout"
+    assert record.reason == f"no result within the cell's limit of {HANG_TIMEOUT_S} s"
+    assert record.provenance.python and record.duration_s >= HANG_TIMEOUT_S
+    assert files_in(tmp_path) == ["cell.json"]
+
+
+def test_a_crashed_worker_ends_as_failed_naming_the_signal(tmp_path: Path) -> None:
+    out = tmp_path / "cell.json"
+    result = ptspeed("cell", *TINY_CELL, "--fault", "crash", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = read_valid_record(out)
+    assert record.status == "failed"
+    assert record.reason.startswith("worker killed by SIGKILL before writing a result")
+    assert files_in(tmp_path) == ["cell.json"]
+
+
+def test_an_error_in_the_worker_keeps_the_worker_record(tmp_path: Path) -> None:
+    out = tmp_path / "cell.json"
+    result = ptspeed("cell", *TINY_CELL, "--fault", "error", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = read_valid_record(out)
+    assert record.status == "failed"
+    assert record.reason == "RuntimeError: injected fault: error in the first step"
+    assert "Traceback" in record.detail
+    assert record.provenance.torch  # written by the worker, which imported torch
+
+
+MODELS = ", ".join(REGISTRY)
+BAD_INPUT = [
+    (["--model", "alexnet"], f"model: unknown 'alexnet' (accepted: {MODELS})"),
+    (["--knobs", "turbo"], "knobs: unknown knob 'turbo' (accepted: eager, compile, backend"),
+    (["--variant", "amp=fp8"], "knobs: amp=fp8 is not one of auto, fp16, bf16"),
+    (["--batch-size", "0"], "batch_size: 0 must be from 1 to 65536"),
+    (["--batch-size=-4"], "batch_size: -4 must be from 1 to 65536"),
+    (["--model", "resnet50", "--image-size", "16"], "image_size: 16 is outside 32..2048"),
+    (["--model", "bert-base", "--seq-len", "4"], "seq_len: 4 is outside 8..512 for bert-base"),
+    (["--warmup", "1", "--numerics-steps", "2"], "numerics_steps: 2 must be from 0 to 1"),
+    (["--mode", "fit"], "mode: 'fit' is not one of train, infer"),
+    (["--device", "tpu"], "device: 'tpu' is not one of auto, cpu, cuda or cuda:N"),
+    (["--fault", "explode"], "fault: 'explode' is not one of '', error, oom, hang"),
+    (["--steps", "0"], "measured_steps: 0 must be from 1 to"),
+    (["--timeout", "0"], "timeout_s: 0.0 must be positive"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUT, ids=[m.split(":")[0] for _, m in BAD_INPUT])
+def test_bad_input_is_refused_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "records" / "cell.json"
+    result = ptspeed("cell", "--model", "mlp", "--batch-size", "2", *args, "--out", str(out))
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {message}")
+    assert not out.parent.exists()
+
+
+def test_schema_command_prints_the_record_schema() -> None:
+    result = ptspeed("schema")
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == json_schema()
+
+
+def test_models_command_lists_every_model_with_its_sizes() -> None:
+    result = ptspeed("models")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(REGISTRY)
+    assert "image_size 32..2048" in lines[list(REGISTRY).index("resnet50")]
