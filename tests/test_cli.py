@@ -112,13 +112,18 @@ BAD_INPUT = [
     (["--warmup", "1", "--numerics-steps", "2"], "numerics_steps: 2 must be from 0 to 1"),
     (["--mode", "fit"], "mode: 'fit' is not one of train, infer"),
     (["--device", "tpu"], "device: 'tpu' is not one of auto, cpu, cuda or cuda:N"),
+    (["--device", "0"], "device: '0' is not one of auto, cpu, cuda or cuda:N"),
+    (["--batch-size", "two"], "argument --batch-size: invalid int value: 'two'"),
+    (["--turbo"], "unrecognized arguments: --turbo"),
     (["--fault", "explode"], "fault: 'explode' is not one of '', error, oom, hang"),
     (["--steps", "0"], "measured_steps: 0 must be from 1 to"),
     (["--timeout", "0"], "timeout_s: 0.0 must be positive"),
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), BAD_INPUT, ids=[m.split(":")[0] for _, m in BAD_INPUT])
+@pytest.mark.parametrize(
+    ("args", "message"), BAD_INPUT, ids=[m.split(":")[0] for _, m in BAD_INPUT]
+)
 def test_bad_input_is_refused_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     out = tmp_path / "records" / "cell.json"
     result = ptspeed("cell", "--model", "mlp", "--batch-size", "2", *args, "--out", str(out))
@@ -127,6 +132,12 @@ def test_bad_input_is_refused_with_one_line(tmp_path: Path, args: list[str], mes
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"error: {message}")
     assert not out.parent.exists()
+
+
+def test_missing_arguments_are_refused_with_one_line() -> None:
+    result = ptspeed("cell", "--model", "mlp")
+    assert result.returncode == 2
+    assert result.stderr == "error: the following arguments are required: --batch-size, --out\n"
 
 
 def test_schema_command_prints_the_record_schema() -> None:

@@ -229,6 +229,17 @@ def test_random_ops_see_the_same_random_numbers_as_the_reference(
     assert record.numerics.variant_values == pytest.approx(record.numerics.reference_values)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="inductor generates its own random numbers (fallback_random=False): dropout masks "
+    "differ from eager's, so compiled BERT/GPT-2 training cannot match the eager reference",
+)
+def test_inductor_random_ops_match_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ptspeed.harness.get_model", lambda name: DROPOUT_SPEC)
+    record = run_cell(tiny_cell("mlp", "compile", batch_size=8, warmup_steps=2, numerics_steps=2))
+    assert record.status == "ok", record.reason
+
+
 def test_an_exception_is_a_failed_record(tmp_path: Path) -> None:
     record = run_cell(tiny_cell("mlp", fault="error"))
     assert record.status == "failed"

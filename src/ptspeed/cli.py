@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from ptspeed import knobs as knobs_module
 from ptspeed.knobs import BadInput
@@ -31,8 +32,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as bad input: one ``error:`` line naming the argument, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ptspeed", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="ptspeed", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(required=True, metavar="command")
     cell = commands.add_parser("cell", help="run one benchmark cell and write its record")
     _cell_arguments(cell)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ptspeed.knobs import BadInput, parse_knobs
 from ptspeed.models import Sizes, check_sizes
 from ptspeed.record import CellSpec
@@ -17,7 +19,7 @@ def check_cell(spec: CellSpec) -> None:
     check_sizes(spec.model, Sizes(spec.batch_size, spec.image_size, spec.seq_len))
     parse_knobs(spec.knobs)
     _one_of("mode", spec.mode, MODES)
-    if not (spec.device in DEVICES or spec.device.removeprefix("cuda:").isdigit()):
+    if not (spec.device in DEVICES or re.fullmatch(r"cuda:[0-9]+", spec.device)):
         raise BadInput(f"device: {spec.device!r} is not one of {', '.join(DEVICES)} or cuda:N")
     _one_of("fault", spec.fault, FAULTS)
     _in_range("measured_steps", spec.measured_steps, 1, MAX_STEPS)

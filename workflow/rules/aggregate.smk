@@ -17,7 +17,7 @@ rule effective_config:
 
 rule aggregate:
     input:
-        records=record_paths(),
+        records=record_paths,
         config=rules.effective_config.output,
         claims="config/claims.yaml",
     output:

@@ -1,3 +1,4 @@
+import functools
 import json
 import re
 import shlex
@@ -25,10 +26,19 @@ def validated_config(raw):
     try:
         validate(raw, schema="../schemas/config.schema.yaml", set_default=True)
     except WorkflowError as exc:
-        raise WorkflowError(f"config: {first_line(exc)}") from None
+        raise WorkflowError(f"config: {schema_error(exc)}") from None
     for key, default in (("warmup", 3), ("measured", 10), ("numerics", 2)):
         raw["steps"].setdefault(key, default)
     return raw
+
+
+def schema_error(exc):
+    """'key.path: message' of the schema violation that ``validate`` wrapped in ``exc``."""
+    error = exc.__context__
+    if error is None or not hasattr(error, "absolute_path"):
+        return first_line(exc)
+    key = ".".join(str(part) for part in error.absolute_path)
+    return f"{key}: {error.message}" if key else error.message
 
 
 def first_line(exc):
@@ -72,8 +82,14 @@ wildcard_constraints:
     trial=r"[0-9]+",
 
 
-def record_paths():
-    return [f"{RESULTS}/{cell.path}" for cell in CELLS]
+def record_paths(wildcards):
+    """Every record of the matrix. An input function rather than a list: Snakemake maps each
+    input file to the item it came from and hashes that item per file, which for a
+    2,000-file list is quadratic (seconds of DAG building)."""
+    return RECORD_PATHS
+
+
+RECORD_PATHS = [f"{RESULTS}/{cell.path}" for cell in CELLS]
 
 
 def uses_container(env):
@@ -105,11 +121,18 @@ def env_ready_file(wildcards):
 
 
 def env_python(wildcards):
-    if uses_container(wildcards.env):
+    return interpreter(wildcards.env)
+
+
+@functools.cache
+def interpreter(env):
+    """The shell-quoted Python that runs the cells of ``env``, worked out once per environment
+    (it hashes the lock file: 2,000 cells would do that 2,000 times)."""
+    if uses_container(env):
         return "python"
-    if ENVIRONMENTS[wildcards.env]["kind"] == "host":
+    if ENVIRONMENTS[env]["kind"] == "host":
         return shlex.quote(sys.executable)
-    return shlex.quote(str(Path(venv_dir(wildcards.env)).resolve() / "bin" / "python"))
+    return shlex.quote(str(Path(venv_dir(env)).resolve() / "bin" / "python"))
 
 
 def cell_arguments(wildcards, threads):

@@ -14,6 +14,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+import importlib
+import types
+
 import torch
 import transformers
 from torch import nn
@@ -21,6 +24,22 @@ from torch import nn
 from ptspeed.models import Batch, ModelSpec, Sizes
 
 MASKED_FRACTION = 0.15
+
+
+def _provide_torch_compiler_is_compiling() -> None:
+    """torch 2.0 has no ``torch.compiler``; transformers probes ``torch.compiler.is_compiling``
+    inside the code dynamo traces, and the AttributeError there aborts the compile. Pointing
+    it at dynamo's own ``is_compiling`` keeps the same transformers usable on torch 2.0."""
+    if hasattr(torch, "compiler"):
+        return
+    try:
+        dynamo = importlib.import_module("torch._dynamo")
+    except ImportError:  # torch 1.13: no dynamo, nothing is compiled
+        return
+    torch.compiler = types.SimpleNamespace(is_compiling=dynamo.is_compiling)
+
+
+_provide_torch_compiler_is_compiling()
 IGNORED_LABEL = -100
 
 

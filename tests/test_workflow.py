@@ -1,0 +1,333 @@
+"""The Snakemake workflow end to end: what it plans, what it runs, what it refuses.
+
+Every run uses its own config file and results directory under pytest's tmp_path, so no test
+depends on (or disturbs) the repository's results/ or the developer's earlier runs. Snakemake
+runs from the repository root, as `make run` does.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PLAN_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 1800
+CROSS_VERSION_TIMEOUT_S = 40 * 60
+
+TINY_STEPS = {"warmup": 1, "measured": 2, "numerics": 1}
+HOST_COMPILE = {
+    "device": "cpu",
+    "trials": 2,
+    "threads": 1,
+    "steps": TINY_STEPS,
+    "timeout_s": 900,
+    "environments": {"host": {"kind": "host"}},
+    "models": {"mlp": {"cpu": {"batch_size": 16}}},
+    "variants": {"eager": "eager", "compile": "compile"},
+    "comparisons": {
+        "compile-alone": {
+            "title": "Host eager → host compile",
+            "baseline": {"env": "host", "variant": "eager"},
+            "candidate": {"env": "host", "variant": "compile"},
+        }
+    },
+}
+
+
+def tool(name: str) -> str:
+    """A command-line tool of the interpreter running the tests (its venv's bin/)."""
+    beside = BIN / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    assert found, f"{name} is not installed (pip install -e '.[workflow,dev]')"
+    return found
+
+
+def snakemake(*args: str, timeout: float = PLAN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """Run Snakemake from the repository root on 2 cores; stdout and stderr together."""
+    return subprocess.run(
+        [tool("snakemake"), "--cores", "2", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def write_config(directory: Path, config: dict[str, Any], name: str = "config.yaml") -> Path:
+    """Write ``config`` with its results directory under ``directory``; return the file."""
+    config = {"results": str(directory / "results"), **config}
+    path = directory / name
+    path.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False))
+    return path
+
+
+def job_counts(output: str) -> Counter[str]:
+    """The 'Job stats' table Snakemake prints before running (or dry-running) jobs."""
+    assert "Job stats:" in output, output[-3000:]
+    table = output.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)
+    return Counter({rule: int(count) for rule, count in rows if rule != "total"})
+
+
+def planned_outputs(output: str) -> dict[str, list[str]]:
+    """Each planned rule's output files, from the job blocks of a dry run."""
+    planned: dict[str, list[str]] = {}
+    rule = None
+    for line in output.splitlines():
+        header = re.fullmatch(r"(?:local)?rule (\w+):", line.strip())
+        if header:
+            rule = header[1]
+            planned.setdefault(rule, [])
+        elif rule and line.strip().startswith("output: "):
+            planned[rule].extend(line.strip().removeprefix("output: ").split(", "))
+    return planned
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout[-6000:]
+    return result.stdout
+
+
+# --- 1, 2: a tiny matrix on the host environment, end to end --------------------------------
+
+
+@pytest.fixture(scope="module")
+def host_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One real run of mlp eager vs compile, 2 trials on the host; (config, results)."""
+    directory = tmp_path_factory.mktemp("host-run")
+    config = write_config(directory, HOST_COMPILE)
+    ok(snakemake("--configfile", str(config), timeout=RUN_TIMEOUT_S))
+    return config, directory / "results"
+
+
+@pytest.mark.slow
+def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
+    _, results = host_run
+    runs = pd.read_csv(results / "tables/runs.csv")
+    assert sorted(zip(runs.env, runs.variant, runs.trial, strict=True)) == [
+        ("host", "compile", 0),
+        ("host", "compile", 1),
+        ("host", "eager", 0),
+        ("host", "eager", 1),
+    ]
+    assert set(runs.model) == {"mlp"}
+    assert (runs.loc[runs.variant == "eager", "status"] == "ok").all(), runs.reason.tolist()
+    assert set(runs.loc[runs.variant == "compile", "status"]) <= {"ok", "unsupported"}
+
+    summary = pd.read_csv(results / "tables/summary.csv")
+    assert len(summary) == 2
+    median = summary.set_index("variant").median_samples_per_s
+
+    speedups = pd.read_csv(results / "tables/speedups.csv")
+    assert len(speedups) == 1
+    row = speedups.iloc[0]
+    assert (row.comparison, row.model) == ("compile-alone", "mlp")
+    if (runs.status == "ok").all():
+        assert math.isfinite(row.speedup) and row.speedup > 0
+        assert row.speedup == pytest.approx(median["compile"] / median["eager"], rel=1e-9)
+
+    report = (results / "report/report.md").read_text()
+    assert (results / "report/index.html").stat().st_size > 0
+    assert "Host eager → host compile" in report
+    assert re.search(r"^\| mlp \| train \| 16 \|", report, re.MULTILINE), report
+
+
+@pytest.mark.slow
+def test_second_run_does_nothing(host_run: tuple[Path, Path]) -> None:
+    config, _ = host_run
+    output = ok(snakemake("-n", "--configfile", str(config)))
+    assert "Nothing to be done" in output, output[-3000:]
+    assert "Job stats:" not in output
+
+
+# --- 3: changing one model's size reruns only its cells -------------------------------------
+
+
+@pytest.mark.slow
+def test_changed_model_size_reruns_only_its_cells(tmp_path: Path) -> None:
+    config = {
+        "device": "cpu",
+        "trials": 1,
+        "threads": 1,
+        "steps": TINY_STEPS,
+        "environments": {"host": {"kind": "host"}, "host-b": {"kind": "host"}},
+        "models": {
+            "mlp": {"cpu": {"batch_size": 16}},
+            "lstm-lm": {"cpu": {"batch_size": 2, "seq_len": 4}},
+        },
+        "variants": {"eager": "eager"},
+        "comparisons": {
+            "two-hosts": {
+                "baseline": {"env": "host", "variant": "eager"},
+                "candidate": {"env": "host-b", "variant": "eager"},
+            }
+        },
+    }
+    ok(snakemake("--configfile", str(write_config(tmp_path, config)), timeout=RUN_TIMEOUT_S))
+
+    changed = copy.deepcopy(config)
+    changed["models"]["mlp"]["cpu"]["batch_size"] = 32
+    output = ok(snakemake("-n", "--configfile", str(write_config(tmp_path, changed))))
+
+    assert job_counts(output) == Counter(cell=2, effective_config=1, aggregate=1, report=1, all=1)
+    records = tmp_path / "results/records"
+    assert sorted(planned_outputs(output)["cell"]) == [
+        str(records / f"{env}/mlp/eager/train/b32/trial0.json") for env in ("host", "host-b")
+    ]
+    assert "lstm-lm/eager/train" not in output.split("rule aggregate:")[0]
+
+
+# --- 4: the default matrix plans exactly the expected jobs ----------------------------------
+
+
+def test_default_matrix_plan(tmp_path: Path) -> None:
+    output = ok(snakemake("-n", "--config", f"results={tmp_path / 'results'}"))
+    assert job_counts(output) == Counter(
+        cell=27, build_env=2, effective_config=1, aggregate=1, report=1, all=1
+    )
+    cells = [
+        Path(path).relative_to(tmp_path / "results/records").parts
+        for path in planned_outputs(output)["cell"]
+    ]
+    expected = {
+        (env, model, variant, "train", f"trial{trial}.json")
+        for env, variant in [
+            ("torch-1.13", "eager"),
+            ("torch-2.0", "eager"),
+            ("torch-2.0", "compile"),
+        ]
+        for model in ("resnet50", "bert-base", "gpt2")
+        for trial in range(3)
+    }
+    assert {(e, m, v, mode, trial) for e, m, v, mode, _size, trial in cells} == expected
+    assert len(cells) == 27
+    assert sorted(planned_outputs(output)["build_env"]) == [
+        str(tmp_path / f"results/envs/{env}.json") for env in ("torch-1.13", "torch-2.0")
+    ]
+    assert not (tmp_path / "results").exists()
+
+
+# --- 5: bad configs fail before any job, naming the key -------------------------------------
+
+
+def mutated(change: str) -> dict[str, Any]:
+    config = copy.deepcopy(HOST_COMPILE)
+    comparison = config["comparisons"]["compile-alone"]
+    if change == "unknown model":
+        config["models"]["resnet51"] = {"cpu": {"batch_size": 8}}
+    elif change == "unknown knob":
+        config["variants"]["x"] = "turbo"
+    elif change == "negative batch":
+        config["models"]["mlp"]["cpu"]["batch_size"] = -1
+    elif change == "missing env":
+        config["comparisons"]["c"] = {**comparison, "baseline": {"env": "nope", "variant": "eager"}}
+    elif change == "same sides":
+        config["comparisons"]["c"] = {**comparison, "candidate": comparison["baseline"]}
+    elif change == "shell name":
+        config["environments"]["a;rm -rf"] = {"kind": "host"}
+    elif change == "unknown key":
+        config["bogus"] = 1
+    return config
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("unknown model", "models.resnet51: unknown model"),
+        ("unknown knob", "variants.x: knobs: unknown knob 'turbo'"),
+        ("negative batch", "models.mlp.cpu.batch_size: -1 is less than the minimum of 1"),
+        ("missing env", "comparisons.c.baseline.env: 'nope' is not an environment"),
+        ("same sides", "comparisons.c: baseline and candidate are the same"),
+        ("shell name", "environments: 'a;rm -rf' does not match"),
+        ("unknown key", "Additional properties are not allowed ('bogus' was unexpected)"),
+    ],
+)
+def test_bad_config_fails_before_any_job(tmp_path: Path, change: str, message: str) -> None:
+    result = snakemake("--configfile", str(write_config(tmp_path, mutated(change))))
+    assert result.returncode != 0
+    assert result.stdout.count(f"config: {message}") == 1, result.stdout[-3000:]
+    assert "Building DAG" not in result.stdout
+    assert not (tmp_path / "results").exists()
+
+
+# --- 6: lint and formatting -----------------------------------------------------------------
+
+
+def test_snakemake_lint_is_clean() -> None:
+    output = ok(snakemake("--lint"))
+    assert "Lints for" not in output, output
+    assert "Congratulations, your workflow is in a good condition!" in output
+
+
+def test_snakefmt_is_clean() -> None:
+    result = subprocess.run(
+        [tool("snakefmt"), "--check", "."],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=PLAN_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout
+
+
+# --- 7: the real environments, torch 1.13 -> 2.0 --------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.crossversion
+@pytest.mark.skipif(
+    os.environ.get("PTSPEED_CROSS_VERSION") != "1",
+    reason="set PTSPEED_CROSS_VERSION=1 to build/use the torch 1.13 and 2.0 venvs",
+)
+def test_cross_version_upgrade(tmp_path: Path) -> None:
+    config = {
+        "device": "cpu",
+        "trials": 2,
+        "threads": 1,
+        "steps": TINY_STEPS,
+        "environments": {
+            name: {"kind": "venv", "requirements": f"envs/{name}.txt", "python": "3.10"}
+            for name in ("torch-1.13", "torch-2.0")
+        },
+        "models": {"mlp": {"cpu": {"batch_size": 32}}},
+        "variants": {"eager": "eager"},
+        "comparisons": {
+            "upgrade-alone": {
+                "title": "PyTorch 1.13 eager → 2.0 eager",
+                "baseline": {"env": "torch-1.13", "variant": "eager"},
+                "candidate": {"env": "torch-2.0", "variant": "eager"},
+            }
+        },
+    }
+    path = write_config(tmp_path, config)
+    ok(snakemake("--configfile", str(path), timeout=CROSS_VERSION_TIMEOUT_S))
+
+    tables = tmp_path / "results/tables"
+    runs = pd.read_csv(tables / "runs.csv")
+    assert (runs.status == "ok").all(), runs[["env", "status", "reason"]].to_string()
+    versions = {
+        env: {str(v).split("+")[0] for v in group} for env, group in runs.groupby("env").torch
+    }
+    assert versions == {"torch-1.13": {"1.13.1"}, "torch-2.0": {"2.0.1"}}
+    speedups = pd.read_csv(tables / "speedups.csv")
+    assert len(speedups) == 1
+    assert speedups.comparison[0] == "upgrade-alone"
+    assert math.isfinite(speedups.speedup[0]) and speedups.speedup[0] > 0
