@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         runs = load_records(paths)
         summary = summarise(runs)
-        comparisons = speedups(summary, config, claims)
+        comparisons = speedups(summary, config, claims, runs)
         out_dir = Path(args.out_dir)
         write_csv(runs, out_dir / "runs.csv")
         write_csv(summary, out_dir / "summary.csv")

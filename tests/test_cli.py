@@ -58,6 +58,7 @@ def test_a_tiny_cell_writes_an_ok_record_atomically(tmp_path: Path) -> None:
     record = read_valid_record(out)
     assert record.status == "ok", record.reason
     assert record.cell.knobs == "eager" and record.cell.batch_size == 2
+    assert record.provenance.torch  # the worker's own record, made where torch was imported
     assert len(record.metrics.step_times_s) == 2
     assert files_in(out.parent) == ["cell.json"]
     assert result.stderr.splitlines()[-1].startswith("mlp eager train batch 2: ok, ")
@@ -87,17 +88,6 @@ def test_a_crashed_worker_ends_as_failed_naming_the_signal(tmp_path: Path) -> No
     assert record.status == "failed"
     assert record.reason.startswith("worker killed by SIGKILL before writing a result")
     assert files_in(tmp_path) == ["cell.json"]
-
-
-def test_an_error_in_the_worker_keeps_the_worker_record(tmp_path: Path) -> None:
-    out = tmp_path / "cell.json"
-    result = ptspeed("cell", *TINY_CELL, "--fault", "error", "--out", str(out))
-    assert result.returncode == 0, result.stderr
-    record = read_valid_record(out)
-    assert record.status == "failed"
-    assert record.reason == "RuntimeError: injected fault: error in the first step"
-    assert "Traceback" in record.detail
-    assert record.provenance.torch  # written by the worker, which imported torch
 
 
 MODELS = ", ".join(REGISTRY)

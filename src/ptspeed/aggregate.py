@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from ptspeed import stats
 from ptspeed.record import STATUSES, CellSpec, Metrics, NumericsCheck, Provenance, Record
 
 UNREADABLE = "unreadable"
@@ -66,9 +67,13 @@ SUMMARY_COLUMNS = [
     "ok_trials",
     "statuses",
     "median_samples_per_s",
+    "median_low",
+    "median_high",
+    "median_confidence",
     "min_samples_per_s",
     "max_samples_per_s",
     "cv",
+    "noisy",
     "median_first_step_s",
     "median_peak_memory_bytes",
     "reasons",
@@ -88,6 +93,10 @@ SPEEDUP_COLUMNS = [
     "baseline_trials",
     "candidate_trials",
     "speedup",
+    "speedup_low",
+    "speedup_high",
+    "p_value",
+    "significant",
     "claim",
     "published_speedup",
     "published_baseline",
@@ -98,6 +107,12 @@ SPEEDUP_COLUMNS = [
 
 MEASURED = "measured"
 NOT_MEASURED = "not measured"
+CLAIM_VERDICTS = {
+    "consistent": "consistent with the claim",
+    "below": "below the claim",
+    "above": "above the claim",
+}
+CONFIDENCE = 0.95
 
 _INT_COLUMNS = [
     "batch_size",
@@ -271,14 +286,19 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
 def _cell_stats(trials: pd.DataFrame) -> dict[str, Any]:
     ok = trials[trials["status"] == "ok"]
     rates = ok["throughput_samples_per_s"].dropna().astype(float)
+    interval = stats.summarise(rates.tolist(), CONFIDENCE) if len(rates) else None
     return {
         "trials": len(trials),
         "ok_trials": len(ok),
         "statuses": status_counts(trials["status"]),
         "median_samples_per_s": _median(rates),
+        "median_low": interval.low if interval else math.nan,
+        "median_high": interval.high if interval else math.nan,
+        "median_confidence": interval.achieved_confidence if interval else math.nan,
         "min_samples_per_s": rates.min() if len(rates) else math.nan,
         "max_samples_per_s": rates.max() if len(rates) else math.nan,
         "cv": coefficient_of_variation(rates),
+        "noisy": bool(interval and interval.noisy),
         "median_first_step_s": _median(ok["first_step_s"]),
         "median_peak_memory_bytes": _median(ok["peak_memory_bytes"]),
         "reasons": _joined_reasons(trials[trials["status"] != "ok"]),
@@ -317,6 +337,7 @@ def speedups(
     summary: pd.DataFrame,
     config: Mapping[str, Any],
     claims: Mapping[str, Any] | None = None,
+    runs: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per comparison x model x mode (configuration order), columns :data:`SPEEDUP_COLUMNS`.
 
@@ -324,11 +345,13 @@ def speedups(
     no ok trial. Published figures come from ``claims`` (the parsed ``claims.yaml``) through the
     comparison's ``claim`` key. Where the summary holds several sizes of one cell, the size set in
     the configuration for ``config['device']`` is used, else the largest batch both sides share.
+    With ``runs`` (the per-trial records), each speedup gets its bootstrap interval and a
+    Mann-Whitney p-value (:func:`ptspeed.stats.speedup`) and claims get a verdict.
     """
     check_config(config)
     claims = claims or {}
     rows = [
-        _speedup_row(summary, config, claims, name, comparison, model, mode)
+        _speedup_row(summary, runs, config, claims, name, comparison, model, mode)
         for name, comparison in config["comparisons"].items()
         for model in config["models"]
         for mode in config["modes"]
@@ -356,6 +379,7 @@ def _shape_name(shape: type | tuple[type, ...]) -> str:
 
 def _speedup_row(
     summary: pd.DataFrame,
+    runs: pd.DataFrame | None,
     config: Mapping[str, Any],
     claims: Mapping[str, Any],
     name: str,
@@ -385,8 +409,54 @@ def _speedup_row(
         **published,
     }
     row["speedup"] = _ratio(row["candidate_samples_per_s"], row["baseline_samples_per_s"])
-    row["verdict"], row["verdict_reason"] = verdict(row, claims)
+    row.update(_interval(runs, base_spec, cand_spec, model, mode, size))
+    row["verdict"], row["verdict_reason"] = verdict(row, claims, config.get("device", ""))
     return row
+
+
+def _interval(
+    runs: pd.DataFrame | None,
+    base_spec: Mapping[str, Any],
+    cand_spec: Mapping[str, Any],
+    model: str,
+    mode: str,
+    size: tuple[int, ...] | None,
+) -> dict[str, Any]:
+    blank = {
+        "speedup_low": math.nan,
+        "speedup_high": math.nan,
+        "p_value": math.nan,
+        "significant": False,
+    }
+    if runs is None or size is None:
+        return blank
+    base = _ok_rates(runs, base_spec, model, mode, size)
+    cand = _ok_rates(runs, cand_spec, model, mode, size)
+    if not base or not cand:
+        return blank
+    ratio = stats.speedup(base, cand, confidence=CONFIDENCE)
+    return {
+        "speedup_low": ratio.low,
+        "speedup_high": ratio.high,
+        "p_value": ratio.p_value,
+        "significant": ratio.significant,
+    }
+
+
+def _ok_rates(
+    runs: pd.DataFrame, spec: Mapping[str, Any], model: str, mode: str, size: tuple[int, ...]
+) -> list[float]:
+    match = (
+        (runs["status"] == "ok")
+        & (runs["env"] == spec["env"])
+        & (runs["variant"] == spec["variant"])
+        & (runs["model"] == model)
+        & (runs["mode"] == mode)
+    )
+    for key, value in zip(SIZE_KEYS, size, strict=True):
+        match &= runs[key] == value
+    rates = pd.to_numeric(runs.loc[match, "throughput_samples_per_s"], errors="coerce")
+    return [float(v) for v in rates.dropna() if v > 0]
 
 
 def _cell_rows(
@@ -469,8 +539,15 @@ def _as_float(value: Any) -> float:
         return math.nan
 
 
-def verdict(row: Mapping[str, Any], claims: Mapping[str, Any]) -> tuple[str, str]:
-    """``(verdict, reason)`` for a speedups row: ``measured`` or ``not measured`` and why."""
+def verdict(
+    row: Mapping[str, Any], claims: Mapping[str, Any], device_class: str = ""
+) -> tuple[str, str]:
+    """``(verdict, reason)`` for a speedups row.
+
+    Against a claim: consistent with / below / above the claim (the published speedup inside,
+    above or below the measured interval), or not measured and why (a side without ok trials,
+    a claim made on a GPU checked by a CPU run). Without a claim: measured.
+    """
     missing = [
         f"{side} ({row[f'{side}_env']}/{row[f'{side}_variant']})"
         for side in ("baseline", "candidate")
@@ -484,8 +561,35 @@ def verdict(row: Mapping[str, Any], claims: Mapping[str, Any]) -> tuple[str, str
     if group not in claims:
         return NOT_MEASURED, f"claim group '{group}' not in claims"
     if math.isnan(row["published_speedup"]):
-        return NOT_MEASURED, f"{row['model']} not in claims group '{group}'"
-    return MEASURED, ""
+        return MEASURED, f"{row['model']} not in claims group '{group}'"
+    claimed_on = claims[group].get("device_class")
+    if claimed_on and device_class and claimed_on != device_class:
+        return NOT_MEASURED, (
+            f"claimed on {claims[group].get('device', claimed_on)}; this run measured on "
+            f"{device_class}"
+        )
+    if math.isnan(row.get("speedup_low", math.nan)):
+        return MEASURED, "too few ok trials for an interval"
+    ratio = stats.Ratio(
+        estimate=row["speedup"],
+        low=row["speedup_low"],
+        high=row["speedup_high"],
+        confidence=CONFIDENCE,
+        method="",
+        n_baseline=row["baseline_trials"],
+        n_candidate=row["candidate_trials"],
+        p_value=row["p_value"],
+        significant=row["significant"],
+        alpha=0.05,
+    )
+    outcome = stats.compare_to_claim(ratio, row["published_speedup"])
+    return CLAIM_VERDICTS[outcome], _claim_context(claims[group])
+
+
+def _claim_context(group: Mapping[str, Any]) -> str:
+    """Where the claim was made, to set beside where it was measured."""
+    parts = [group.get("device"), group.get("precision")]
+    return "claimed on " + ", ".join(str(p) for p in parts if p) if any(parts) else ""
 
 
 def read_mapping(path: str | Path) -> dict[str, Any]:
