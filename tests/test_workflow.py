@@ -187,9 +187,9 @@ def test_changed_model_size_reruns_only_its_cells(tmp_path: Path) -> None:
 
     assert job_counts(output) == Counter(cell=2, effective_config=1, aggregate=1, report=1, all=1)
     records = tmp_path / "results/records"
-    assert sorted(planned_outputs(output)["cell"]) == [
+    assert set(planned_outputs(output)["cell"]) == {
         str(records / f"{env}/mlp/eager/train/b32/trial0.json") for env in ("host", "host-b")
-    ]
+    }
     assert "lstm-lm/eager/train" not in output.split("rule aggregate:")[0]
 
 

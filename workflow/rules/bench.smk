@@ -1,6 +1,8 @@
 # Benchmark cells: one job per (environment, model, variant, mode, size, trial). The harness
 # writes exactly one record whatever happens (ok, unsupported, failed, oom, timeout,
-# numerics_mismatch) and exits 0, so a bad cell never stops the run.
+# numerics_mismatch) and exits 0, so a bad cell never stops the run. Earlier trials have a
+# higher priority: every cell's trial 0 runs before any trial 1, so baseline and candidate
+# trials alternate in time and a drifting machine does not favour one side.
 
 
 rule cell:
@@ -15,6 +17,7 @@ rule cell:
     container:
         env_container
     threads: cell_threads()
+    priority: trial_priority
     resources:
         gpu=cell_gpus,
         runtime=runtime_minutes(config),

@@ -176,6 +176,10 @@ def cell_threads():
     return config["threads"] or workflow.cores or 1
 
 
+def trial_priority(wildcards):
+    return config["trials"] - int(wildcards.trial)
+
+
 def cell_gpus(wildcards):
     return 1 if DEVICE_CLASS == "cuda" else 0
 
