@@ -113,7 +113,11 @@ SUPPORTED_ON_CPU: list[tuple[str, str, str, dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(("model", "knobs", "mode", "fields"), SUPPORTED_ON_CPU)
+@pytest.mark.parametrize(
+    ("model", "knobs", "mode", "fields"),
+    SUPPORTED_ON_CPU,
+    ids=[f"{model}-{knobs}-{mode}" for model, knobs, mode, _ in SUPPORTED_ON_CPU],
+)
 def test_supported_knobs_run_and_match_eager(
     model: str, knobs: str, mode: str, fields: dict[str, Any]
 ) -> None:

@@ -20,6 +20,7 @@ from ptspeed.record import CellSpec, json_schema
 from ptspeed.validate import DEVICES, FAULTS, MODES, check_cell
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +104,14 @@ def _cell(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     check_cell(spec)
-    record = run_cell_in_worker(spec, args.out)
+    try:
+        record = run_cell_in_worker(spec, args.out)
+    except KeyboardInterrupt as exc:
+        print(
+            f"interrupted ({exc or 'SIGINT'}): the worker was stopped, no record written",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     line = f"{spec.model} {spec.variant} {spec.mode} batch {spec.batch_size}: {record.status}"
     if record.status == "ok":
         line += f", {record.metrics.throughput_samples_per_s:.2f} samples/s"

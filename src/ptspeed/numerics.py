@@ -8,12 +8,12 @@ The reference is an eager fp64 run where one can be made, as in PyTorch's own co
 benchmarks: the variant's error against fp64 is set beside eager fp32's own error against
 fp64. The variant passes when its error is at most max(tolerance, 5 x eager fp32's error).
 The tolerance depends on the variant's precision: fp32 variants differ from eager by
-reassociation and by the approximations compilers use for transcendental functions (seen up
-to 0.2 % on the loss of GPT-2 after two compiled training steps), so 1 %; bf16 keeps 8
-significant bits, fp16 11, so 5 % and 2 %. A deliberately wrong result (10 % off) fails all. The multiplier absorbs ill-conditioned cases where
-fp32 itself drifts (batch norm over a handful of values, chaotic early training), so that
-only a variant clearly worse than eager fp32 fails. Without an fp64 run the variant is
-compared with eager fp32 against the tolerance alone.
+reassociation and by the approximations compilers use for transcendental functions (seen up to
+0.2 % on the loss of GPT-2 after two compiled training steps), so 1 %; bf16 keeps 8 significant
+bits, fp16 11, so 5 % and 2 %. A deliberately wrong result (10 % off) fails all. The multiplier
+absorbs ill-conditioned cases where fp32 itself drifts (batch norm over a handful of values,
+chaotic early training), so that only a variant clearly worse than eager fp32 fails. Without an
+fp64 run the variant is compared with eager fp32 against the tolerance alone.
 """
 
 from __future__ import annotations

@@ -22,13 +22,19 @@ from pathlib import Path
 
 from ptspeed.provenance import collect_base
 from ptspeed.record import CellSpec, Record, read_record, write_record
+from ptspeed.worker import WATCHDOG_PID_VARIABLE
 
 STDERR_TAIL_CHARS = 3000
 KILL_GRACE_S = 5.0
 
 
 def run_cell_in_worker(spec: CellSpec, out: Path, python: str = sys.executable) -> Record:
-    """Run ``spec`` in a worker process under a watchdog and write its record to ``out``."""
+    """Run ``spec`` in a worker process under a watchdog and write its record to ``out``.
+
+    SIGTERM (a scheduler's time limit, Snakemake being stopped) ends the worker and writes
+    nothing: an interrupted cell has no record, so a rerun runs it again.
+    """
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     started_at = _utc_now()
     begun = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ptspeed-cell-") as scratch:
@@ -66,10 +72,15 @@ def _run_worker(
     return process.returncode, False
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
 def _worker_env() -> dict[str, str]:
     env = dict(os.environ)
     source_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
+    env[WATCHDOG_PID_VARIABLE] = str(os.getpid())
     return env
 
 
