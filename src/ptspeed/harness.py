@@ -182,13 +182,20 @@ def _check_numerics(
         return numerics.not_checked("numerics_steps is 0")
     if spec.mode == "infer" and model_spec.ragged_output:
         return numerics.not_checked("outputs have data-dependent shapes (detections)")
-    fp32 = _eager_values(spec, model_spec, host_batch, initial_state, device, torch.float32)
+
+    def eager(dtype: torch.dtype, rng_seed: int = spec.seed) -> list[Any]:
+        return _eager_values(spec, model_spec, host_batch, initial_state, device, dtype, rng_seed)
+
+    fp32 = eager(torch.float32)
     try:
-        fp64 = _eager_values(spec, model_spec, host_batch, initial_state, device, torch.float64)
+        fp64 = eager(torch.float64)
     except Exception:
         fp64 = None
+    # A compiled graph draws its own dropout masks: eager under another seed shows how much
+    # the loss moves with the masks alone. Inference runs in eval mode, without dropout.
+    reseeded = eager(torch.float32, spec.seed + 1) if spec.mode == "train" else None
     precision = knobs.precision(device.type)
-    return numerics.compare(run.leading_values, fp32, fp64, precision, spec.mode)
+    return numerics.compare(run.leading_values, fp32, fp64, precision, spec.mode, reseeded)
 
 
 def _eager_values(
@@ -198,8 +205,10 @@ def _eager_values(
     initial_state: dict[str, Any],
     device: torch.device,
     dtype: torch.dtype,
+    rng_seed: int,
 ) -> list[Any]:
-    """The leading steps' values of an eager run in ``dtype`` from the cell's initial state."""
+    """The leading steps' values of an eager run in ``dtype`` from the cell's initial state,
+    random ops (dropout) seeded with ``rng_seed``."""
     sizes = Sizes(spec.batch_size, spec.image_size, spec.seq_len)
     model = _build(model_spec, sizes, spec.seed, device)
     model.load_state_dict(initial_state)
@@ -209,7 +218,7 @@ def _eager_values(
         name: tensor.to(dtype) if tensor.is_floating_point() else tensor
         for name, tensor in to_device(host_batch, device, channels_last=False).items()
     }
-    torch.manual_seed(spec.seed)  # the variant's steps start from this state too
+    torch.manual_seed(rng_seed)  # with spec.seed: the state the variant's steps start from
     try:
         return [_numerics_value(step(batch), spec.mode) for _ in range(spec.numerics_steps)]
     finally:
