@@ -14,10 +14,10 @@ rule cell:
         f"{RESULTS}/logs/cells/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/cells/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.tsv"
+    priority: trial_priority
     container:
         env_container
     threads: cell_threads()
-    priority: trial_priority
     resources:
         gpu=cell_gpus,
         runtime=runtime_minutes(config),

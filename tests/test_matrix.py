@@ -1,0 +1,214 @@
+"""ptspeed.matrix: the config turned into cells, and the cross-reference checks."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from ptspeed.matrix import (
+    Cell,
+    ConfigError,
+    cells,
+    check_config,
+    env_variant_pairs,
+    model_sizes,
+    runtime_minutes,
+    size_label,
+)
+from ptspeed.models import Sizes
+
+BASE: dict[str, Any] = {
+    "trials": 2,
+    "timeout_s": 1800,
+    "modes": ["train"],
+    "environments": {
+        "old": {"kind": "venv", "requirements": "envs/torch-1.13.txt", "python": "3.10"},
+        "new": {"kind": "host"},
+    },
+    "models": {
+        "mlp": {"cpu": {"batch_size": 32}, "cuda": {"batch_size": 256}},
+        "lstm-lm": {"cpu": {"batch_size": 2, "seq_len": 16}},
+        "resnet50": {"cpu": {"batch_size": 8, "image_size": 96}},
+    },
+    "variants": {"eager": "eager", "compile": "compile"},
+    "comparisons": {
+        "upgrade": {
+            "baseline": {"env": "old", "variant": "eager"},
+            "candidate": {"env": "new", "variant": "eager"},
+        },
+        "compiler": {
+            "baseline": {"env": "new", "variant": "eager"},
+            "candidate": {"env": "new", "variant": "compile"},
+        },
+    },
+}
+
+
+@pytest.fixture
+def config() -> dict[str, Any]:
+    return copy.deepcopy(BASE)
+
+
+def error_of(config: dict[str, Any], device_class: str = "cpu") -> str:
+    with pytest.raises(ConfigError) as caught:
+        check_config(config, device_class)
+    return str(caught.value)
+
+
+# --- cells ----------------------------------------------------------------------------------
+
+
+def test_pairs_are_those_the_comparisons_need_in_first_mentioned_order(
+    config: dict[str, Any],
+) -> None:
+    assert env_variant_pairs(config) == [("old", "eager"), ("new", "eager"), ("new", "compile")]
+
+
+def test_cell_count_is_the_product_of_the_matrix(config: dict[str, Any]) -> None:
+    config["modes"] = ["train", "infer"]
+    listed = list(cells(config, "cpu"))
+    # 2 trials x 3 models x 2 modes x 3 (env, variant) pairs
+    assert len(listed) == 2 * 3 * 2 * 3
+    assert len(set(listed)) == len(listed)
+    assert len({cell.path for cell in listed}) == len(listed)
+
+
+def test_trials_are_the_outer_loop_so_baseline_and_candidate_alternate(
+    config: dict[str, Any],
+) -> None:
+    config["models"] = {"mlp": config["models"]["mlp"]}
+    config["comparisons"] = {"upgrade": config["comparisons"]["upgrade"]}
+    config["trials"] = 3
+    order = [(cell.env, cell.trial) for cell in cells(config, "cpu")]
+    assert order == [("old", 0), ("new", 0), ("old", 1), ("new", 1), ("old", 2), ("new", 2)]
+
+
+def test_every_trial_lists_every_model_before_the_next_trial(config: dict[str, Any]) -> None:
+    trials = [cell.trial for cell in cells(config, "cpu")]
+    assert trials == sorted(trials)
+    first_trial = [cell for cell in cells(config, "cpu") if cell.trial == 0]
+    assert [cell.model for cell in first_trial[::3]] == ["mlp", "lstm-lm", "resnet50"]
+
+
+def test_cells_use_the_size_table_of_the_device_class(config: dict[str, Any]) -> None:
+    config["models"] = {"mlp": config["models"]["mlp"]}
+    assert {cell.size for cell in cells(config, "cpu")} == {"b32"}
+    assert {cell.size for cell in cells(config, "cuda")} == {"b256"}
+
+
+def test_cell_path_names_every_coordinate() -> None:
+    cell = Cell("torch-2.0", "gpt2", "compile", "infer", "b2-s64", 4)
+    assert cell.path == "records/torch-2.0/gpt2/compile/infer/b2-s64/trial4.json"
+
+
+# --- sizes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "sizes", "label"),
+    [
+        ("mlp", Sizes(batch_size=32, image_size=96, seq_len=7), "b32"),
+        ("resnet50", Sizes(batch_size=8, image_size=96), "b8-i96"),
+        ("bert-base", Sizes(batch_size=4, seq_len=64), "b4-s64"),
+        ("lstm-lm", Sizes(batch_size=2, seq_len=4), "b2-s4"),
+    ],
+)
+def test_size_label_names_only_the_sizes_the_model_uses(
+    model: str, sizes: Sizes, label: str
+) -> None:
+    assert size_label(model, sizes) == label
+
+
+def test_model_sizes_fill_unset_sizes_with_the_defaults(config: dict[str, Any]) -> None:
+    assert model_sizes(config, "lstm-lm", "cpu") == Sizes(batch_size=2, seq_len=16)
+    assert model_sizes(config, "resnet50", "cpu") == Sizes(batch_size=8, image_size=96)
+
+
+# --- check_config: one line naming the key --------------------------------------------------
+
+
+def test_a_good_config_passes(config: dict[str, Any]) -> None:
+    check_config(config, "cpu")
+
+
+def test_unknown_model(config: dict[str, Any]) -> None:
+    config["models"]["resnet51"] = {"cpu": {"batch_size": 8}}
+    message = error_of(config)
+    assert message.startswith("models.resnet51: unknown model")
+    assert "resnet50" in message  # the accepted names are listed
+
+
+def test_model_without_sizes_for_the_device_class(config: dict[str, Any]) -> None:
+    assert error_of(config, "cuda") == "models.lstm-lm.cuda: no sizes for this device class"
+
+
+def test_size_outside_the_model_limits(config: dict[str, Any]) -> None:
+    config["models"]["resnet50"]["cpu"]["image_size"] = 16
+    assert error_of(config).startswith("models.resnet50.cpu.image_size: 16 is outside")
+
+
+def test_unknown_knob(config: dict[str, Any]) -> None:
+    config["variants"]["x"] = "turbo"
+    assert error_of(config).startswith("variants.x: knobs: unknown knob 'turbo'")
+
+
+def test_inconsistent_knobs(config: dict[str, Any]) -> None:
+    config["variants"]["fast"] = "eager+compile"
+    assert error_of(config).startswith("variants.fast: knobs: eager cannot be combined")
+
+
+@pytest.mark.parametrize("side", ["baseline", "candidate"])
+def test_comparison_naming_a_missing_environment(config: dict[str, Any], side: str) -> None:
+    config["comparisons"]["upgrade"][side]["env"] = "nope"
+    assert error_of(config) == (
+        f"comparisons.upgrade.{side}.env: 'nope' is not an environment (defined: old, new)"
+    )
+
+
+@pytest.mark.parametrize("side", ["baseline", "candidate"])
+def test_comparison_naming_a_missing_variant(config: dict[str, Any], side: str) -> None:
+    config["comparisons"]["compiler"][side]["variant"] = "amp"
+    assert error_of(config) == (
+        f"comparisons.compiler.{side}.variant: 'amp' is not a variant (defined: eager, compile)"
+    )
+
+
+def test_comparison_of_a_side_with_itself(config: dict[str, Any]) -> None:
+    comparison = config["comparisons"]["compiler"]
+    comparison["candidate"] = dict(comparison["baseline"])
+    assert error_of(config) == "comparisons.compiler: baseline and candidate are the same"
+
+
+def test_same_environment_with_different_variants_is_a_comparison(
+    config: dict[str, Any],
+) -> None:
+    config["comparisons"] = {"compiler": config["comparisons"]["compiler"]}
+    check_config(config, "cpu")
+
+
+def test_venv_environment_needs_requirements_and_python(config: dict[str, Any]) -> None:
+    del config["environments"]["old"]["python"]
+    assert error_of(config) == "environments.old: kind venv needs requirements and python"
+
+
+def test_container_environment_needs_an_image(config: dict[str, Any]) -> None:
+    config["environments"]["new"] = {"kind": "container"}
+    assert error_of(config) == "environments.new: kind container needs container"
+
+
+def test_every_message_is_one_line(config: dict[str, Any]) -> None:
+    config["models"]["resnet51"] = {"cpu": {"batch_size": 8}}
+    assert "\n" not in error_of(config)
+
+
+# --- runtime --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "minutes"),
+    [(1800, 35), (60, 6), (61, 7), (0.5, 6), (604800, 10085)],
+)
+def test_runtime_is_the_cell_limit_rounded_up_plus_slack(timeout_s: float, minutes: int) -> None:
+    assert runtime_minutes({"timeout_s": timeout_s}) == minutes
