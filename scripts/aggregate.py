@@ -1,7 +1,10 @@
-"""Aggregate cell records into results/tables: runs.csv, summary.csv and speedups.csv.
+"""Aggregate cell records into results/tables: runs.csv, steps.csv, summary.csv, speedups.csv.
 
     python scripts/aggregate.py --config CONFIG --claims config/claims.yaml \
         --records results/records/*.json --out-dir results/tables
+
+Every listed path becomes a runs row: a path with no file is a ``missing`` row, a file that is
+not a record an ``unreadable`` one, each with a reason naming the path.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import pandas as pd
 
 from ptspeed.aggregate import (
-    load_records,
+    load_tables,
     read_mapping,
     records_listed_in,
     speedups,
@@ -30,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--claims", required=True, help="published figures (claims.yaml)")
     parser.add_argument("--records", nargs="*", default=[], help="cell record files")
     parser.add_argument("--records-from", help="a file listing record paths, one per line")
-    parser.add_argument("--out-dir", required=True, help="where the three CSVs go")
+    parser.add_argument("--out-dir", required=True, help="where the four CSVs go")
     return parser.parse_args(argv)
 
 
@@ -46,15 +49,19 @@ def main(argv: list[str] | None = None) -> int:
             *args.records,
             *(records_listed_in(args.records_from) if args.records_from else []),
         ]
-        runs = load_records(paths)
+        runs, steps = load_tables(paths)
         summary = summarise(runs)
         comparisons = speedups(summary, config, claims, runs)
         out_dir = Path(args.out_dir)
         write_csv(runs, out_dir / "runs.csv")
+        write_csv(steps, out_dir / "steps.csv")
         write_csv(summary, out_dir / "summary.csv")
         write_csv(comparisons, out_dir / "speedups.csv")
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # a bug, but still one line for the user, never a traceback
+        print(f"error: unexpected {type(error).__name__}: {error}", file=sys.stderr)
         return 2
     return 0
 

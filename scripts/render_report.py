@@ -2,7 +2,11 @@
 
     python scripts/render_report.py --runs results/tables/runs.csv \
         --summary results/tables/summary.csv --speedups results/tables/speedups.csv \
-        --config CONFIG --claims config/claims.yaml --out-dir results/report
+        --steps results/tables/steps.csv --config CONFIG --claims config/claims.yaml \
+        --out-dir results/report
+
+Bad input (a missing or malformed table, config or template) is one ``error:`` line on stderr
+and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", required=True, help="runs.csv")
     parser.add_argument("--summary", required=True, help="summary.csv")
     parser.add_argument("--speedups", required=True, help="speedups.csv")
+    parser.add_argument("--steps", help="steps.csv (per-step times, for the step-time figure)")
     parser.add_argument("--config", required=True, help="merged config (YAML or JSON)")
     parser.add_argument("--claims", required=True, help="published figures (claims.yaml)")
     parser.add_argument("--out-dir", required=True, help="where index.html and report.md go")
@@ -45,10 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         tables = [read_csv(path) for path in (args.runs, args.summary, args.speedups)]
+        steps = read_csv(args.steps) if args.steps else None
         config, claims = read_mapping(args.config), read_mapping(args.claims)
-        render(*tables, config, claims, args.out_dir, templates_dir=args.templates_dir)
+        render(*tables, config, claims, args.out_dir, templates_dir=args.templates_dir, steps=steps)
     except (OSError, ValueError, KeyError, jinja2.TemplateError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # a bug, but still one line for the user, never a traceback
+        print(f"error: unexpected {type(error).__name__}: {error}", file=sys.stderr)
         return 2
     return 0
 

@@ -13,16 +13,23 @@ import pandas as pd
 import pytest
 import yaml
 
+from ptspeed import stats
 from ptspeed.aggregate import (
+    MISSING_REASON,
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
+    STEPS_COLUMNS,
     SUMMARY_COLUMNS,
     ConfigError,
+    bootstrap_speedup,
+    cell_from_path,
     coefficient_of_variation,
     load_records,
+    load_tables,
     read_table,
     speedups,
     summarise,
+    verdict,
 )
 from ptspeed.record import CellSpec, Metrics, NumericsCheck, Provenance, Record, write_record
 
@@ -97,7 +104,7 @@ def make_record(
     )
     metrics = Metrics(
         throughput_samples_per_s=samples_per_s,
-        step_times_s=[0.1, 0.1],
+        step_times_s=[0.1 + trial / 100, 0.2] if status == "ok" else [],
         first_step_s=2.0 + trial if status == "ok" else None,
         peak_memory_bytes=(100 + trial) * 1024 * 1024 if status == "ok" else None,
         memory_kind="process_peak_rss",
@@ -106,9 +113,12 @@ def make_record(
     provenance = Provenance(
         torch=torch_version,
         cuda=cuda,
+        cudnn="8500",
         device_name="Test CPU",
         cpu_model="Test CPU",
         torch_threads=4,
+        python="3.10.13",
+        packages={"torch": torch_version, "torchvision": "0.15.2", "numpy": "1.24.4"},
         git_commit="1234567",
         hostname="testhost",
     )
@@ -211,6 +221,9 @@ def test_runs_flattens_cell_metrics_numerics_and_provenance(runs: pd.DataFrame) 
     assert first["numerics_passed"]
     assert first["numerics_tolerance"] == 1e-4
     assert (first["torch"], first["cuda"], first["git_commit"]) == ("1.13.1", "11.7", "1234567")
+    assert (first["cudnn"], first["python"], first["torchvision"]) == ("8500", "3.10.13", "0.15.2")
+    assert first["transformers"] == ""  # not installed: blank, not an error
+    assert pd.isna(first["device_index"])  # a CPU run
     assert "step_times_s" not in runs.columns
 
 
@@ -251,11 +264,102 @@ def test_files_that_are_not_records_become_unreadable_rows(
     assert problem in row["reason"]
 
 
-def test_missing_file_becomes_an_unreadable_row(tmp_path: Path) -> None:
+def test_missing_file_becomes_a_missing_row_naming_it(tmp_path: Path) -> None:
     missing = tmp_path / "gone.json"
     row = load_records([missing]).iloc[0]
+    assert row["status"] == "missing"
+    assert row["reason"] == f"{missing}: {MISSING_REASON}"
+    assert pd.isna(row["env"])  # not a workflow path: the cell is unknown
+
+
+def test_unreadable_file_is_not_missing(tmp_path: Path) -> None:
+    directory = tmp_path / "a-directory.json"
+    directory.mkdir()
+    row = load_records([directory]).iloc[0]
     assert row["status"] == "unreadable"
-    assert "gone.json" in row["reason"]
+    assert str(directory) in row["reason"]
+
+
+WORKFLOW_PATH = "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial3.json"
+
+
+@pytest.mark.parametrize(
+    ("path", "cell"),
+    [
+        (
+            WORKFLOW_PATH,
+            {"env": "torch-2.0", "model": "gpt2", "variant": "compile", "mode": "train",
+             "trial": 3, "batch_size": 2, "image_size": 224, "seq_len": 64},
+        ),
+        (
+            "/x/records/host/resnet50/eager/infer/b8-i96/trial0.json",
+            {"env": "host", "model": "resnet50", "variant": "eager", "mode": "infer",
+             "trial": 0, "batch_size": 8, "image_size": 96, "seq_len": 128},
+        ),
+        ("records/m/v/train/b8/trial0.json", {}),  # too short: no env
+        ("x/records/e/m/v/train/8/trial0.json", {}),
+        ("x/records/e/m/v/train/b8-q1/trial0.json", {}),
+        ("x/records/e/m/v/train/b8/trialX.json", {}),
+        ("x/other/e/m/v/train/b8/trial0.json", {}),
+    ],
+)  # fmt: skip
+def test_cell_from_path_reads_the_workflow_layout(path: str, cell: dict[str, Any]) -> None:
+    assert cell_from_path(path) == cell
+
+
+def test_missing_and_unreadable_records_count_as_trials_of_their_cell(tmp_path: Path) -> None:
+    ok = tmp_path / "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial0.json"
+    write_record(make_record("torch-2.0", "gpt2", "compile", 0, "ok", 50.0), ok)
+    missing = tmp_path / "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial1.json"
+    corrupt = tmp_path / "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial2.json"
+    corrupt.write_text("{", encoding="utf-8")
+    runs = load_records([ok, missing, corrupt])
+    assert list(runs["status"]) == ["ok", "missing", "unreadable"]
+    assert list(runs["trial"]) == [0, 1, 2]
+    [row] = summarise(runs).to_dict("records")
+    assert (row["env"], row["model"], row["batch_size"], row["seq_len"]) == (
+        "torch-2.0",
+        "gpt2",
+        2,
+        64,
+    )
+    assert (row["trials"], row["ok_trials"], row["statuses"]) == (
+        3,
+        1,
+        "ok:1 missing:1 unreadable:1",
+    )
+    assert row["median_samples_per_s"] == 50.0
+    assert f"missing: {missing}: {MISSING_REASON}" in row["reasons"]
+    assert f"unreadable: {corrupt}: not JSON" in row["reasons"]
+
+
+def test_steps_table_has_one_row_per_measured_step_of_ok_records(record_paths: list[Path]) -> None:
+    runs, steps = load_tables(record_paths)
+    assert list(steps.columns) == STEPS_COLUMNS
+    ok = runs[runs["status"] == "ok"]
+    assert len(steps) == 2 * len(ok)
+    first = steps.iloc[0].to_dict()
+    assert first == {
+        "env": "torch-1.13", "model": "resnet50", "variant": "eager", "mode": "train",
+        "batch_size": 8, "image_size": 96, "seq_len": 128, "trial": 0, "step": 0,
+        "step_time_s": 0.1,
+    }  # fmt: skip
+    assert list(steps["step"][:2]) == [0, 1]
+    assert set(steps["variant"] + "/" + steps["env"]) <= set(ok["variant"] + "/" + ok["env"])
+
+
+def test_odd_step_times_do_not_break_the_steps_table(tmp_path: Path) -> None:
+    record = make_record("torch-1.13", "resnet50", "eager", 0, "ok", 1.0).to_dict()
+    record["metrics"]["step_times_s"] = [0.1, "slow", None, [1]]
+    other = make_record("torch-1.13", "resnet50", "eager", 1, "ok", 1.0).to_dict()
+    other["metrics"]["step_times_s"] = "0.1"
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, data in zip(paths, (record, other), strict=True):
+        path.write_text(json.dumps(data), encoding="utf-8")
+    _, steps = load_tables(paths)
+    assert steps["step_time_s"].iloc[0] == 0.1
+    assert steps["step_time_s"].iloc[1:].isna().all()
+    assert len(steps) == 4
 
 
 def test_odd_value_types_become_nan_or_text_not_errors(tmp_path: Path) -> None:
@@ -275,15 +379,33 @@ def test_odd_value_types_become_nan_or_text_not_errors(tmp_path: Path) -> None:
     assert len(summarise(runs)) == 1
 
 
+def test_infinite_throughput_is_not_a_number(tmp_path: Path) -> None:
+    path = tmp_path / "inf.json"
+    record = make_record("torch-1.13", "resnet50", "eager", 0, "ok", 1.0).to_dict()
+    text = json.dumps(record).replace(
+        '"throughput_samples_per_s": 1.0', '"throughput_samples_per_s": Infinity'
+    )
+    path.write_text(text, encoding="utf-8")
+    runs = load_records([path])
+    assert math.isnan(runs["throughput_samples_per_s"].iloc[0])
+    assert summarise(runs)["ok_trials"].iloc[0] == 1
+
+
 def test_no_records_give_empty_frames_with_their_columns() -> None:
     runs = load_records([])
     assert list(runs.columns) == RUNS_COLUMNS
     summary = summarise(runs)
     assert list(summary.columns) == SUMMARY_COLUMNS
     assert summary.empty
-    frame = speedups(summary, CONFIG, CLAIMS)
+    frame = speedups(summary, CONFIG, CLAIMS, runs)
     assert len(frame) == 2 * 3
     assert set(frame["verdict"]) == {"not measured"}
+    assert set(frame["verdict_reason"]) == {
+        "no ok trials: baseline (torch-1.13/eager: no records), "
+        "candidate (torch-2.0/compile: no records)",
+        "no ok trials: baseline (torch-2.0/eager: no records), "
+        "candidate (torch-2.0/compile: no records)",
+    }
 
 
 # --- summary -------------------------------------------------------------------------------------
@@ -300,14 +422,36 @@ def test_summary_groups_cells_and_uses_ok_trials_only(runs: pd.DataFrame) -> Non
     assert row["cv"] == pytest.approx(pd.Series([150.0, 180.0]).std() / 165.0)
     assert row["median_first_step_s"] == 2.5
     assert row["median_peak_memory_bytes"] == 100.5 * 1024 * 1024
+    assert row["memory_kind"] == "process_peak_rss"
     assert row["reasons"] == "failed: RuntimeError: boom"
+
+
+def test_summary_gives_the_median_interval_and_the_noise_flag(runs: pd.DataFrame) -> None:
+    summary = summarise(runs)
+    base = summary_row(summary, "torch-1.13", "resnet50", "eager")
+    expected = stats.summarise([100.0, 120.0, 110.0])
+    assert (base["median_low"], base["median_high"]) == (100.0, 120.0)  # 3 trials: the range
+    assert base["median_confidence"] == expected.achieved_confidence == 0.75
+    assert base["noisy"]
+    assert base["noisy_reason"] == "cv 9.1% > 5%"
+    compiled = summary_row(summary, "torch-2.0", "resnet50", "compile")
+    assert compiled["noisy_reason"] == "cv 12.9% > 5%"
+    steady = summary_row(summary, "torch-2.0", "resnet50", "eager")  # 132, 132
+    assert (steady["median_low"], steady["median_high"], steady["cv"]) == (132.0, 132.0, 0.0)
+    assert (steady["noisy"], steady["noisy_reason"]) == (False, "")
+    single = summary_row(summary, "torch-1.13", "gpt2", "eager")
+    assert (single["median_low"], single["median_high"]) == (40.0, 40.0)
+    assert single["median_confidence"] == 0.0
+    assert not single["noisy"]  # one trial cannot show noise; n=1 says so instead
 
 
 def test_summary_of_a_cell_without_ok_trials(runs: pd.DataFrame) -> None:
     row = summary_row(summarise(runs), "torch-2.0", "gpt2", "compile")
     assert (row["trials"], row["ok_trials"], row["statuses"]) == (1, 0, "unsupported:1")
     assert math.isnan(row["median_samples_per_s"])
+    assert math.isnan(row["median_low"]) and math.isnan(row["median_high"])
     assert math.isnan(row["cv"])
+    assert not row["noisy"]
     assert row["reasons"] == "unsupported: needs torch>=2.0 | fake"
 
 
@@ -320,7 +464,7 @@ def test_cv_needs_two_values() -> None:
 
 
 def test_speedups_rows_follow_the_config(runs: pd.DataFrame) -> None:
-    frame = speedups(summarise(runs), CONFIG, CLAIMS)
+    frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
     assert list(frame.columns) == SPEEDUP_COLUMNS
     assert list(zip(frame["comparison"], frame["model"], frame["mode"], strict=True)) == [
         (comparison, model, "train")
@@ -330,7 +474,8 @@ def test_speedups_rows_follow_the_config(runs: pd.DataFrame) -> None:
 
 
 def test_speedup_is_the_ratio_of_the_medians(runs: pd.DataFrame) -> None:
-    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "upgrade-and-compile", "resnet50")
+    frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
+    row = speedup_row(frame, "upgrade-and-compile", "resnet50")
     # The batch-64 baseline record (999 samples/s) is not at the configured cpu size.
     assert (row["batch_size"], row["image_size"]) == (8, 96)
     assert row["baseline_samples_per_s"] == 110.0
@@ -343,30 +488,119 @@ def test_speedup_is_the_ratio_of_the_medians(runs: pd.DataFrame) -> None:
         125.0,
         185.0,
     )
-    assert (row["verdict"], row["verdict_reason"]) == ("measured", "")
+    assert (row["baseline_statuses"], row["candidate_statuses"]) == ("ok:3", "ok:2 failed:1")
+
+
+def test_speedup_interval_is_the_bootstrap_of_the_ok_trials(runs: pd.DataFrame) -> None:
+    frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
+    row = speedup_row(frame, "upgrade-and-compile", "resnet50")
+    expected = stats.speedup([100.0, 120.0, 110.0], [150.0, 180.0])
+    assert (row["speedup_low"], row["speedup_high"]) == (expected.low, expected.high)
+    assert (row["p_value"], row["significant"]) == (expected.p_value, expected.significant)
+    assert row["speedup_low"] <= 1.48 <= row["speedup_high"]
+    assert (row["measured_device"], row["measured_precision"]) == ("Test CPU (cpu)", "fp32")
+    assert (row["verdict"], row["verdict_reason"]) == (
+        "consistent with the claim",
+        "measured on Test CPU (cpu), fp32",
+    )
+
+
+def test_without_runs_there_is_no_interval_and_no_claim_verdict(runs: pd.DataFrame) -> None:
+    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "upgrade-and-compile", "resnet50")
+    assert row["speedup"] == 165.0 / 110.0
+    assert math.isnan(row["speedup_low"]) and math.isnan(row["p_value"])
+    assert (row["verdict"], row["verdict_reason"]) == (
+        "measured",
+        "too few ok trials for an interval",
+    )
+
+
+def test_one_trial_side_has_no_interval(runs: pd.DataFrame) -> None:
+    claims = {"pytorch-2.0-upgrade": {"models": {"bert-base": {"speedup": 2.0}}}}
+    frame = speedups(summarise(runs), CONFIG, claims, runs)
+    row = speedup_row(frame, "upgrade-and-compile", "bert-base")  # 10, 12 -> 22
+    assert row["speedup"] == 2.0
+    assert math.isnan(row["speedup_low"]) and math.isnan(row["speedup_high"])
+    assert not row["significant"]
+    assert (row["verdict"], row["verdict_reason"]) == (
+        "measured",
+        "too few ok trials for an interval",
+    )
+
+
+def test_claim_made_on_a_gpu_is_not_measured_on_a_cpu(runs: pd.DataFrame) -> None:
+    claims = {
+        "pytorch-2.0-upgrade": {
+            **CLAIMS["pytorch-2.0-upgrade"],
+            "device": "NVIDIA A100",
+            "device_class": "cuda",
+            "precision": "fp32",
+        }
+    }
+    row = speedup_row(
+        speedups(summarise(runs), CONFIG, claims, runs), "upgrade-and-compile", "resnet50"
+    )
+    assert not math.isnan(row["speedup_low"])  # measured, with an interval, yet not comparable
+    assert (row["claim_device"], row["claim_precision"]) == ("NVIDIA A100", "fp32")
+    assert (row["verdict"], row["verdict_reason"]) == (
+        "not measured",
+        "claimed on NVIDIA A100; this run measured on Test CPU (cpu)",
+    )
+    on_gpu = speedup_row(
+        speedups(summarise(runs), {**CONFIG, "device": "cuda"}, claims, runs),
+        "upgrade-and-compile",
+        "resnet50",
+    )
+    assert on_gpu["verdict"] == "consistent with the claim"
+    assert on_gpu["verdict_reason"] == (
+        "claimed on NVIDIA A100, fp32; measured on Test CPU (cpu), fp32"
+    )
+
+
+def test_claimed_model_not_in_the_matrix_gets_a_not_measured_row(runs: pd.DataFrame) -> None:
+    claims = {
+        "pytorch-2.0-upgrade": {
+            "models": {**CLAIMS["pytorch-2.0-upgrade"]["models"], "mask-rcnn": {"speedup": 1.4}}
+        }
+    }
+    frame = speedups(summarise(runs), CONFIG, claims, runs)
+    assert len(frame) == 2 * 3 + 1
+    row = speedup_row(frame, "upgrade-and-compile", "mask-rcnn")
+    assert frame.index[frame["model"] == "mask-rcnn"][0] == 3  # after the comparison's models
+    assert row["published_speedup"] == 1.4
+    assert math.isnan(row["speedup"]) and pd.isna(row["batch_size"])
+    assert (row["baseline_trials"], row["candidate_trials"]) == (0, 0)
+    assert (row["verdict"], row["verdict_reason"]) == (
+        "not measured",
+        "mask-rcnn is not in the benchmark matrix (config models)",
+    )
 
 
 def test_missing_side_is_not_measured(runs: pd.DataFrame) -> None:
-    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "upgrade-and-compile", "gpt2")
+    row = speedup_row(
+        speedups(summarise(runs), CONFIG, CLAIMS, runs), "upgrade-and-compile", "gpt2"
+    )
     assert row["baseline_samples_per_s"] == 40.0
     assert math.isnan(row["candidate_samples_per_s"])
     assert row["candidate_trials"] == 0
     assert math.isnan(row["speedup"])
     assert row["published_speedup"] == 1.49
     assert row["verdict"] == "not measured"
-    assert row["verdict_reason"] == "no ok trials: candidate (torch-2.0/compile)"
+    assert row["verdict_reason"] == "no ok trials: candidate (torch-2.0/compile: unsupported:1)"
+    assert math.isnan(row["speedup_low"]) and not row["significant"]
 
 
-def test_model_not_in_claims_is_not_measured(runs: pd.DataFrame) -> None:
-    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "upgrade-and-compile", "bert-base")
+def test_model_not_in_claims_group_is_measured(runs: pd.DataFrame) -> None:
+    frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
+    row = speedup_row(frame, "upgrade-and-compile", "bert-base")
     assert row["speedup"] == 2.0
     assert math.isnan(row["published_speedup"])
-    assert row["verdict"] == "not measured"
+    assert row["verdict"] == "measured"
     assert row["verdict_reason"] == "bert-base not in claims group 'pytorch-2.0-upgrade'"
 
 
 def test_comparison_without_claim(runs: pd.DataFrame) -> None:
-    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "compile-alone", "resnet50")
+    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS, runs), "compile-alone", "resnet50")
     assert row["speedup"] == 165.0 / 132.0
     assert row["claim"] == ""
     assert math.isnan(row["published_speedup"])
@@ -397,6 +631,130 @@ def test_unresolved_device_uses_the_size_both_sides_share(runs: pd.DataFrame) ->
 def test_bad_config_raises_config_error(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         speedups(summarise(load_records([])), config, CLAIMS)
+
+
+# --- verdicts on constructed rows --------------------------------------------------------------
+
+VERDICT_CLAIMS: dict[str, Any] = {
+    "gpu-claim": {
+        "device": "NVIDIA A100",
+        "device_class": "cuda",
+        "precision": "fp32",
+        "models": {"m": {"speedup": 1.5}},
+    },
+    "cpu-claim": {"device_class": "cpu", "models": {"m": {"speedup": 1.5}}},
+}
+
+
+def constructed_row(**changes: Any) -> dict[str, Any]:
+    row = {
+        "model": "m",
+        "baseline_env": "old",
+        "baseline_variant": "eager",
+        "candidate_env": "new",
+        "candidate_variant": "compile",
+        "baseline_samples_per_s": 100.0,
+        "candidate_samples_per_s": 150.0,
+        "baseline_trials": 5,
+        "candidate_trials": 5,
+        "baseline_statuses": "ok:5",
+        "candidate_statuses": "ok:5",
+        "speedup": 1.5,
+        "speedup_low": 1.4,
+        "speedup_high": 1.6,
+        "p_value": 0.008,
+        "significant": True,
+        "claim": "gpu-claim",
+        "published_speedup": 1.5,
+        "measured_device": "NVIDIA H200 (cuda)",
+        "measured_precision": "fp32",
+    }
+    return {**row, **changes}
+
+
+GPU_CONTEXT = "claimed on NVIDIA A100, fp32; measured on NVIDIA H200 (cuda), fp32"
+
+
+@pytest.mark.parametrize(
+    ("changes", "device_class", "expected"),
+    [
+        ({}, "cuda", ("consistent with the claim", GPU_CONTEXT)),
+        ({"speedup_low": 1.5, "speedup_high": 1.5}, "cuda", ("consistent with the claim",
+                                                              GPU_CONTEXT)),
+        ({"published_speedup": 1.61}, "cuda", ("below the claim", GPU_CONTEXT)),
+        ({"published_speedup": 1.39}, "cuda", ("above the claim", GPU_CONTEXT)),
+        (
+            {"measured_device": "Some CPU (cpu)"},
+            "cpu",
+            ("not measured", "claimed on NVIDIA A100; this run measured on Some CPU (cpu)"),
+        ),
+        (
+            {"candidate_trials": 0, "candidate_samples_per_s": math.nan,
+             "candidate_statuses": "oom:5"},
+            "cuda",
+            ("not measured", "no ok trials: candidate (new/compile: oom:5)"),
+        ),
+        (
+            {"baseline_trials": 0, "baseline_samples_per_s": math.nan, "baseline_statuses": "",
+             "candidate_trials": 0, "candidate_samples_per_s": math.nan,
+             "candidate_statuses": "failed:2 missing:3"},
+            "cuda",
+            ("not measured", "no ok trials: baseline (old/eager: no records), "
+             "candidate (new/compile: failed:2 missing:3)"),
+        ),
+        ({"claim": ""}, "cuda", ("measured", "no published claim for this comparison")),
+        ({"claim": "nowhere"}, "cuda", ("not measured", "claim group 'nowhere' not in claims")),
+        (
+            {"published_speedup": math.nan},
+            "cuda",
+            ("measured", "m not in claims group 'gpu-claim'"),
+        ),
+        (
+            {"speedup_low": math.nan, "speedup_high": math.nan, "p_value": math.nan},
+            "cuda",
+            ("measured", "too few ok trials for an interval"),
+        ),
+        (
+            {"claim": "cpu-claim", "published_speedup": 2.0, "measured_device": "X (cpu)"},
+            "cpu",
+            ("below the claim", "measured on X (cpu), fp32"),
+        ),
+        ({}, "", ("consistent with the claim", GPU_CONTEXT)),  # device class unresolved
+    ],
+)  # fmt: skip
+def test_verdict_on_constructed_rows(
+    changes: dict[str, Any], device_class: str, expected: tuple[str, str]
+) -> None:
+    assert verdict(constructed_row(**changes), VERDICT_CLAIMS, device_class) == expected
+
+
+# --- the vectorised bootstrap --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("baseline", "candidate", "seed"),
+    [
+        ([100.0, 110.0, 120.0], [150.0, 180.0], 0),
+        ([1.0, 2.0], [3.0, 4.0], 1),
+        ([5.0, 5.0, 5.0, 6.0], [5.0, 6.0, 6.0, 7.0, 7.0], 2),  # ties
+        ([float(v) for v in range(1, 26)], [float(v) * 1.1 for v in range(25, 0, -1)], 3),
+        ([0.001, 0.002, 0.0015], [1e6, 2e6, 3e6], 0),
+    ],
+)
+def test_bootstrap_speedup_equals_the_stats_module(
+    baseline: list[float], candidate: list[float], seed: int
+) -> None:
+    assert bootstrap_speedup(baseline, candidate, seed=seed, resamples=3000) == stats.speedup(
+        baseline, candidate, seed=seed, resamples=3000
+    )
+
+
+def test_bootstrap_speedup_passes_what_it_cannot_resample_to_the_stats_module() -> None:
+    assert bootstrap_speedup([1.0], [2.0, 3.0]) == stats.speedup([1.0], [2.0, 3.0])
+    with pytest.raises(ValueError, match="positive"):
+        bootstrap_speedup([1.0, -1.0], [2.0, 3.0])
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_speedup([1.0, 2.0], [2.0, 3.0], confidence=1.5)
 
 
 # --- the command line ----------------------------------------------------------------------------
@@ -433,19 +791,42 @@ def aggregate_cli(tmp_path: Path, record_paths: list[Path]) -> Path:
     return out_dir
 
 
-def test_cli_writes_the_three_tables(tmp_path: Path, record_paths: list[Path]) -> None:
+def test_cli_writes_the_four_tables(tmp_path: Path, record_paths: list[Path]) -> None:
     out_dir = aggregate_cli(tmp_path, record_paths)
-    assert sorted(p.name for p in out_dir.iterdir()) == ["runs.csv", "speedups.csv", "summary.csv"]
-    runs, summary, frame = (
-        read_table(out_dir / n) for n in ("runs.csv", "summary.csv", "speedups.csv")
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "runs.csv",
+        "speedups.csv",
+        "steps.csv",
+        "summary.csv",
+    ]
+    runs, steps, summary, frame = (
+        read_table(out_dir / n) for n in ("runs.csv", "steps.csv", "summary.csv", "speedups.csv")
     )
     assert len(runs) == len(record_paths)
+    assert list(steps.columns) == STEPS_COLUMNS
+    assert len(steps) == 2 * (runs["status"] == "ok").sum()
     assert list(summary.columns) == SUMMARY_COLUMNS
+    assert list(frame.columns) == SPEEDUP_COLUMNS
     assert runs["cuda"].iloc[0] == "11.7"  # text stays text through the CSV
     assert runs["git_commit"].iloc[0] == "1234567"
     row = speedup_row(frame, "upgrade-and-compile", "resnet50")
     assert row["speedup"] == 165.0 / 110.0
     assert row["claim"] == "pytorch-2.0-upgrade"
+    assert row["verdict"] == "consistent with the claim"
+    assert not row["significant"]
+
+
+def test_cli_names_a_listed_record_that_does_not_exist(
+    tmp_path: Path, record_paths: list[Path]
+) -> None:
+    absent = tmp_path / "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial1.json"
+    out_dir = aggregate_cli(tmp_path, [*record_paths, absent])
+    runs = read_table(out_dir / "runs.csv")
+    row = runs.iloc[-1]
+    assert (row["status"], row["reason"]) == ("missing", f"{absent}: {MISSING_REASON}")
+    summary = read_table(out_dir / "summary.csv")
+    gpt2 = summary_row(summary, "torch-2.0", "gpt2", "compile")
+    assert gpt2["statuses"] == "unsupported:1 missing:1"
 
 
 def test_cli_accepts_records_as_arguments(tmp_path: Path, record_paths: list[Path]) -> None:

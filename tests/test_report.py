@@ -1,45 +1,101 @@
-"""The report: seed table first, numbers equal to the CSVs', self-contained HTML."""
+"""The report: seed table first, numbers equal to the CSVs', self-contained HTML with figures."""
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 from test_aggregate import CLAIMS, CONFIG, CORRUPT_NAME, aggregate_cli, write_fixture_records
 
-from ptspeed.aggregate import read_table
+from ptspeed import report
+from ptspeed.aggregate import (
+    MISSING_REASON,
+    RUNS_COLUMNS,
+    SPEEDUP_COLUMNS,
+    SUMMARY_COLUMNS,
+    read_table,
+)
+from ptspeed.numerics import TOLERANCES
 from ptspeed.report import (
+    NOISY_HEADERS,
     SEED_HEADERS,
+    SUMMARY_HEADERS,
+    format_fraction_as_percent,
+    format_int,
+    format_mib,
     format_published,
     format_rate,
+    format_rate_interval,
+    format_samples_per_s,
+    format_seconds,
     format_speedup,
+    format_speedup_interval,
+    format_text,
     format_verdict,
     markdown_cell,
     render,
 )
 
 REPO = Path(__file__).resolve().parents[1]
+TABLE_NAMES = ("runs", "summary", "speedups", "steps")
+# A cell the matrix expects whose record never appeared (workflow layout: the cell is known).
+ABSENT = "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial1.json"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def fixture_paths(directory: Path) -> list[Path]:
+    """The aggregation fixture (failures, an unsupported cell, a corrupt file) plus a missing
+    record."""
+    return [*write_fixture_records(directory / "records"), directory / ABSENT]
 
 
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pd.DataFrame]:
-    """The three tables as the report reads them: written by the CLI, read back from CSV."""
+    """The four tables as the report reads them: written by the CLI, read back from CSV."""
     tmp_path = tmp_path_factory.mktemp("aggregated")
-    out_dir = aggregate_cli(tmp_path, write_fixture_records(tmp_path / "records"))
-    return {name: read_table(out_dir / f"{name}.csv") for name in ("runs", "summary", "speedups")}
+    out_dir = aggregate_cli(tmp_path, fixture_paths(tmp_path))
+    return {name: read_table(out_dir / f"{name}.csv") for name in TABLE_NAMES}
+
+
+def render_tables(tables: dict[str, pd.DataFrame], out_dir: Path, **kwargs: Any) -> list[Path]:
+    return render(
+        tables["runs"],
+        tables["summary"],
+        tables["speedups"],
+        kwargs.pop("config", CONFIG),
+        kwargs.pop("claims", CLAIMS),
+        out_dir,
+        steps=tables.get("steps"),
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory: pytest.TempPathFactory, tables: dict[str, pd.DataFrame]) -> Path:
     out_dir = tmp_path_factory.mktemp("report")
-    written = render(tables["runs"], tables["summary"], tables["speedups"], CONFIG, CLAIMS, out_dir)
-    assert written == [out_dir / "index.html", out_dir / "report.md"]
+    assert render_tables(tables, out_dir) == [out_dir / "index.html", out_dir / "report.md"]
     return out_dir
+
+
+@pytest.fixture(scope="module")
+def markdown(report_dir: Path) -> str:
+    return (report_dir / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def html(report_dir: Path) -> str:
+    return (report_dir / "index.html").read_text(encoding="utf-8")
+
+
+# --- reading the outputs back --------------------------------------------------------------------
 
 
 def markdown_tables(text: str) -> list[list[list[str]]]:
@@ -62,122 +118,411 @@ def section(text: str, title: str) -> str:
     return text[start : end if end >= 0 else len(text)]
 
 
-def test_seed_table_comes_first_and_equals_the_csv(
-    report_dir: Path, tables: dict[str, pd.DataFrame]
-) -> None:
-    text = (report_dir / "report.md").read_text(encoding="utf-8")
-    assert text.index("## The seed table") < text.index("## Every cell")
-    seed_tables = markdown_tables(section(text, "The seed table, measured"))
-    frame = tables["speedups"]
-    assert [table[0] for table in seed_tables] == [SEED_HEADERS] * frame["comparison"].nunique()
-    shown = [row for table in seed_tables for row in table[1:]]
-    assert len(shown) == len(frame)
-    for cells, row in zip(shown, frame.to_dict("records"), strict=True):
-        assert cells == [
+class PageReader(HTMLParser):
+    """The tables of each <section id=...> (rows of cell texts, header first) and the images."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: dict[str, list[list[list[str]]]] = {}
+        self.images: list[dict[str, str]] = []
+        self._section = ""
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = {k: v or "" for k, v in attrs}
+        if tag == "section":
+            self._section = attributes.get("id", "")
+            self.tables.setdefault(self._section, [])
+        elif tag == "table":
+            self.tables[self._section].append([])
+        elif tag == "tr":
+            self.tables[self._section][-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append({**attributes, "section": self._section})
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[self._section][-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def read_page(html: str) -> PageReader:
+    reader = PageReader()
+    reader.feed(html)
+    return reader
+
+
+# --- what each table must hold, from the CSVs ----------------------------------------------------
+
+
+def expected_seed_tables(speedups: pd.DataFrame) -> list[list[list[str]]]:
+    tables = []
+    for name in dict.fromkeys(speedups["comparison"]):
+        rows = speedups[speedups["comparison"] == name].to_dict("records")
+        tables.append([SEED_HEADERS, *(expected_seed_row(row) for row in rows)])
+    return tables
+
+
+def expected_seed_row(row: dict[str, Any]) -> list[str]:
+    return [
+        format_text(row["model"]),
+        format_text(row["mode"]),
+        format_int(row["batch_size"]),
+        format_rate(row["baseline_samples_per_s"], row["baseline_trials"]),
+        format_rate(row["candidate_samples_per_s"], row["candidate_trials"]),
+        format_speedup_interval(row["speedup"], row["speedup_low"], row["speedup_high"]),
+        format_published(
+            row["published_speedup"], row["published_baseline"], row["published_candidate"]
+        ),
+        format_verdict(row["verdict"], row["verdict_reason"]),
+    ]
+
+
+def expected_median(row: dict[str, Any]) -> str:
+    return format_rate_interval(
+        row["median_samples_per_s"],
+        row["median_low"],
+        row["median_high"],
+        row["median_confidence"],
+        row["ok_trials"],
+    )
+
+
+def expected_summary_table(summary: pd.DataFrame) -> list[list[str]]:
+    rows = [
+        [
+            row["env"],
             row["model"],
+            row["variant"],
             row["mode"],
-            str(row["batch_size"]),
-            format_rate(row["baseline_samples_per_s"], row["baseline_trials"]),
-            format_rate(row["candidate_samples_per_s"], row["candidate_trials"]),
-            format_speedup(row["speedup"]),
-            format_published(
-                row["published_speedup"], row["published_baseline"], row["published_candidate"]
-            ),
-            format_verdict(row["verdict"], row["verdict_reason"]),
+            format_int(row["batch_size"]),
+            format_int(row["image_size"]),
+            format_int(row["seq_len"]),
+            f"{row['trials']} ({row['statuses']})",
+            expected_median(row),
+            "—"
+            if math.isnan(row["min_samples_per_s"])
+            else f"{format_samples_per_s(row['min_samples_per_s'])}–"
+            f"{format_samples_per_s(row['max_samples_per_s'])}",
+            format_fraction_as_percent(row["cv"]),
+            "yes" if row["noisy"] else "",
+            format_seconds(row["median_first_step_s"]),
+            format_mib(row["median_peak_memory_bytes"]),
         ]
+        for row in summary.to_dict("records")
+    ]
+    return [SUMMARY_HEADERS, *rows]
 
 
-def test_seed_table_row_for_the_fixture(report_dir: Path) -> None:
-    text = (report_dir / "report.md").read_text(encoding="utf-8")
-    first = markdown_tables(section(text, "The seed table, measured"))[0]
+def expected_noisy_table(summary: pd.DataFrame) -> list[list[str]]:
+    rows = [
+        [
+            row["env"],
+            row["model"],
+            row["variant"],
+            row["mode"],
+            format_int(row["batch_size"]),
+            expected_median(row),
+            format_fraction_as_percent(row["cv"]),
+            row["noisy_reason"],
+        ]
+        for row in summary[summary["noisy"]].to_dict("records")
+    ]
+    return [NOISY_HEADERS, *rows]
+
+
+def html_cells(rows: list[list[str]]) -> list[list[str]]:
+    """A table as the HTML shows it: Markdown-only escaping undone."""
+    return [[" ".join(cell.split()) for cell in row] for row in rows]
+
+
+# --- the seed table ------------------------------------------------------------------------------
+
+
+def test_seed_table_comes_first_and_equals_the_csv(
+    markdown: str, html: str, tables: dict[str, pd.DataFrame]
+) -> None:
+    assert markdown.index("## The seed table") < markdown.index("## Speedups against")
+    expected = expected_seed_tables(tables["speedups"])
+    assert len(expected) == tables["speedups"]["comparison"].nunique() == 2
+    assert markdown_tables(section(markdown, "The seed table, measured")) == expected
+    page = read_page(html)
+    assert next(iter(page.tables)) == "seed-table"
+    assert page.tables["seed-table"] == [html_cells(table) for table in expected]
+
+
+def test_seed_table_rows_for_the_fixture(markdown: str) -> None:
+    first = markdown_tables(section(markdown, "The seed table, measured"))[0]
     assert first[1] == [
         "resnet50",
         "train",
         "8",
         "110.0 (n=3)",
         "165.0 (n=2)",
-        "×1.50 (+50%)",
+        "×1.50 (+50%) [1.25–1.80]",
         "×1.48 (+48%); 125.0 → 185.0 samples/s",
-        "measured",
+        "consistent with the claim: measured on Test CPU (cpu), fp32",
     ]
+    assert first[2][5] == "×2.00 (+100%) [no interval]"  # one candidate trial
     assert first[3][3:6] == ["40.0 (n=1)", "— (n=0)", "—"]
-    assert first[3][7] == "not measured: no ok trials: candidate (torch-2.0/compile)"
+    assert first[3][7] == (
+        "not measured: no ok trials: candidate (torch-2.0/compile: unsupported:1 missing:1)"
+    )
 
 
-def test_every_shown_throughput_carries_its_trial_count(report_dir: Path) -> None:
-    text = (report_dir / "report.md").read_text(encoding="utf-8")
-    for title in ("The seed table, measured", "Every cell"):
-        for table in markdown_tables(section(text, title)):
-            header = table[0]
-            for row in table[1:]:
-                for name, cell in zip(header, row, strict=True):
-                    if name in ("baseline samples/s", "candidate samples/s", "median samples/s"):
-                        assert re.fullmatch(r"(\d+\.\d|—) \(n=\d+\)", cell), cell
+def test_seed_notes_say_where_the_claim_was_made(
+    tmp_path: Path, tables: dict[str, pd.DataFrame]
+) -> None:
+    claims = {
+        "pytorch-2.0-upgrade": {
+            **CLAIMS["pytorch-2.0-upgrade"],
+            "device": "NVIDIA A100",
+            "precision": "fp32",
+            "device_class": "cuda",
+        }
+    }
+    speedups = tables["speedups"].assign(claim_device="NVIDIA A100", claim_precision="fp32")
+    render_tables({**tables, "speedups": speedups}, tmp_path, claims=claims)
+    text = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "Published: pytorch-2.0-upgrade (Seed article 000, A100, batch 64); claimed on " in text
+    assert "claimed on device NVIDIA A100, precision fp32." in text
 
 
-def test_summary_table_equals_the_csv(report_dir: Path, tables: dict[str, pd.DataFrame]) -> None:
-    text = (report_dir / "report.md").read_text(encoding="utf-8")
-    [table] = markdown_tables(section(text, "Every cell"))
+def test_every_shown_throughput_carries_its_trial_count(markdown: str, html: str) -> None:
+    pattern = re.compile(r"(\d+\.\d( \[(no interval|\d+\.\d–\d+\.\d(, \d+%)?)\])?|—) \(n=\d+\)")
+    rate_columns = {
+        "baseline samples/s",
+        "candidate samples/s",
+        "median samples/s [95% interval]",
+        "median samples/s",
+    }
+    html_shown = [table for tables in read_page(html).tables.values() for table in tables]
+    checked = 0
+    for table in [*markdown_tables(markdown), *html_shown]:
+        header = table[0]
+        for row in table[1:]:
+            for name, cell in zip(header, row, strict=True):
+                if name in rate_columns:
+                    assert pattern.fullmatch(cell), cell
+                    checked += 1
+    assert checked > 40
+
+
+# --- the other tables ----------------------------------------------------------------------------
+
+
+def test_summary_table_equals_the_csv(
+    markdown: str, html: str, tables: dict[str, pd.DataFrame]
+) -> None:
+    expected = expected_summary_table(tables["summary"])
+    [table] = markdown_tables(section(markdown, "Every cell"))
+    assert table == expected
+    assert read_page(html).tables["summary"] == [html_cells(expected)]
+
+
+def test_summary_rows_for_the_fixture(markdown: str, tables: dict[str, pd.DataFrame]) -> None:
+    [table] = markdown_tables(section(markdown, "Every cell"))
     summary = tables["summary"]
-    assert len(table) - 1 == len(summary)
-    row = table[
-        1 + summary.index[summary["variant"].eq("compile") & summary["model"].eq("resnet50")][0]
-    ]
-    assert row[7:] == [
+    compiled = summary.index[summary["variant"].eq("compile") & summary["model"].eq("resnet50")]
+    assert table[1 + compiled[0]][7:] == [
         "3 (ok:2 failed:1)",
-        "165.0 (n=2)",
+        "165.0 [150.0–180.0, 50%] (n=2)",
         "150.0–180.0",
         "12.9%",
+        "yes",
         "2.50 s",
         "100.5 MiB",
     ]
+    gpt2 = summary.index[summary["variant"].eq("compile") & summary["model"].eq("gpt2")]
+    assert table[1 + gpt2[0]][7:9] == ["2 (unsupported:1 missing:1)", "— (n=0)"]
 
 
-def test_failures_table_lists_every_record_that_is_not_ok(report_dir: Path) -> None:
-    text = (report_dir / "report.md").read_text(encoding="utf-8")
-    [table] = markdown_tables(section(text, "Failures and unsupported cells"))
-    assert table[0] == ["env", "model", "variant", "mode", "trial", "status", "reason"]
-    rows = table[1:]
-    assert [r[5] for r in rows] == ["failed", "unsupported", "unreadable"]
-    assert rows[0][:5] == ["torch-2.0", "resnet50", "compile", "train", "2"]
-    assert rows[1][6] == "needs torch>=2.0 | fake"  # the pipe survives, escaped
-    assert CORRUPT_NAME in rows[2][6]
+def test_failures_table_lists_every_record_that_is_not_ok(
+    markdown: str, html: str, tables: dict[str, pd.DataFrame]
+) -> None:
+    failures, noisy = markdown_tables(section(markdown, "Failures, unsupported"))
+    assert failures[0] == ["env", "model", "variant", "mode", "batch", "trial", "status", "reason"]
+    rows = failures[1:]
+    runs = tables["runs"]
+    assert [r[6] for r in rows] == list(runs.loc[runs["status"] != "ok", "status"])
+    assert [r[6] for r in rows] == ["failed", "unsupported", "unreadable", "missing"]
+    assert rows[0][:6] == ["torch-2.0", "resnet50", "compile", "train", "8", "2"]
+    assert rows[1][7] == "needs torch>=2.0 | fake"  # the pipe survives, escaped
+    assert CORRUPT_NAME in rows[2][7]
+    assert rows[3][:6] == ["torch-2.0", "gpt2", "compile", "train", "2", "1"]
+    assert rows[3][7].endswith(f"{ABSENT}: {MISSING_REASON}")
+    assert noisy == expected_noisy_table(tables["summary"])
+    assert len(noisy) > 1
+    page = read_page(html).tables["failures"]
+    assert page == [html_cells(failures), html_cells(noisy)]
 
 
-def test_environments_come_from_the_records(report_dir: Path) -> None:
-    text = (report_dir / "report.md").read_text(encoding="utf-8")
-    [table] = markdown_tables(section(text, "Environments"))
-    assert table[1][:6] == ["torch-1.13", "venv", "7", "1.13.1", "11.7", "Test CPU"]
-    assert table[2][:6] == ["torch-2.0", "venv", "7", "2.0.1", "11.8", "Test CPU"]
+def test_claims_table_names_every_claim_group(markdown: str) -> None:
+    [table] = markdown_tables(section(markdown, "Speedups against the published claims"))
+    assert table[0] == report.CLAIM_HEADERS
+    assert table[1] == [
+        "pytorch-2.0-upgrade",
+        "Seed article 000",
+        "—",
+        "—",
+        "upgrade-and-compile",
+        "consistent with the claim: 1; measured: 1; not measured: 1",
+    ]
 
 
-def test_html_is_self_contained_and_responsive(report_dir: Path) -> None:
-    html = (report_dir / "index.html").read_text(encoding="utf-8")
+def test_claim_group_no_comparison_checks_is_not_measured(
+    tmp_path: Path, tables: dict[str, pd.DataFrame]
+) -> None:
+    claims = {
+        **CLAIMS,
+        "one-line": {"source": "Seed 001", "models": {"resnet50": {"speedup": 1.3}}},
+    }
+    render_tables(tables, tmp_path, claims=claims)
+    text = (tmp_path / "report.md").read_text(encoding="utf-8")
+    [table] = markdown_tables(section(text, "Speedups against the published claims"))
+    assert table[2] == [
+        "one-line",
+        "Seed 001",
+        "—",
+        "—",
+        "—",
+        "not measured: no comparison in the configuration checks this claim",
+    ]
+
+
+def test_environments_come_from_the_records(markdown: str, html: str) -> None:
+    [table] = markdown_tables(section(markdown, "Environments"))
+    assert table[0] == ["", "torch-1.13", "torch-2.0"]
+    rows = {row[0]: row[1:] for row in table[1:]}
+    assert rows["kind"] == ["venv", "venv"]
+    assert rows["records"] == ["7", "7"]  # missing and unreadable records are not provenance
+    assert rows["torch"] == ["1.13.1", "2.0.1"]
+    assert rows["torchvision"] == ["0.15.2", "0.15.2"]
+    assert rows["transformers"] == ["—", "—"]
+    assert rows["CUDA"] == ["11.7", "11.8"]
+    assert rows["cuDNN"] == ["8500", "8500"]
+    assert rows["GPU"] == ["—", "—"]  # CPU runs
+    assert rows["CPU"] == ["Test CPU", "Test CPU"]
+    assert rows["threads"] == ["4", "4"]
+    assert rows["Python"] == ["3.10.13", "3.10.13"]
+    assert rows["git commit"] == ["1234567", "1234567"]
+    assert read_page(html).tables["environments"] == [table]
+
+
+def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: str) -> None:
+    config = {**CONFIG, "trials": 5, "steps": {"warmup": 3, "measured": 10, "numerics": 2}}
+    text = section(markdown, "Method")
+    [table] = markdown_tables(text)
+    rows = {row[0]: row[1] for row in table[1:]}
+    assert rows["device class"] == "cpu"
+    assert "10,000 resamples, seed 0" in rows["speedup interval"]
+    assert "Mann–Whitney" in rows["significance"]
+    assert rows["noisy"] == "cv > 5% or median interval half-width > 10% of the median"
+    for precision, tolerance in TOLERANCES.items():
+        assert f"{precision} {tolerance:.0%}" in rows["numerics tolerance"]
+    frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
+    sections = report.build_sections(report.ReportInputs(*frames, config, CLAIMS))
+    [method] = [s for s in sections if s.id == "method"]
+    configured = {row[0]: row[1] for row in method.blocks[0].table.rows}
+    assert configured["trials per cell"] == "5, each its own process"
+    assert configured["warm-up steps"] == "3 (the first holds compilation)"
+    assert configured["measured steps"] == "10"
+    assert configured["numerics steps"] == "2 leading steps checked"
+
+
+# --- the page ------------------------------------------------------------------------------------
+
+
+def test_html_is_self_contained_and_responsive(html: str) -> None:
     assert "<script" not in html
     assert "<link" not in html
-    assert not re.search(r"(src|href)=\"(?!#)", html)
+    assert not re.search(r"(src|href)=\"(?!#|data:image/png;base64,)", html)
     assert "http://" not in html and "https://" not in html
     assert 'name="viewport"' in html
     assert "overflow-x: auto" in html
+    assert "max-width: 100%" in html
     assert html.index('id="seed-table"') < html.index('id="summary"')
-    assert "×1.50 (+50%)" in html
+    assert "×1.50 (+50%) [1.25–1.80]" in html
     assert "needs torch&gt;=2.0 | fake" in html  # escaped, not markup
+
+
+def test_html_embeds_every_figure_as_a_png(html: str) -> None:
+    images = read_page(html).images
+    assert [image["section"] for image in images] == [
+        "claims",
+        "summary",
+        "timing",
+        "timing",
+        "timing",
+    ]
+    for image in images:
+        assert len(image["alt"]) > 40
+        data = base64.b64decode(image["src"].removeprefix("data:image/png;base64,"))
+        assert data.startswith(PNG_MAGIC)
+
+
+def test_markdown_names_the_figures_and_carries_no_images(markdown: str) -> None:
+    assert "data:image" not in markdown and "<img" not in markdown
+    assert markdown.count("*Figure in index.html: ") == 5
 
 
 def test_html_escapes_record_text(tmp_path: Path, tables: dict[str, pd.DataFrame]) -> None:
     runs = tables["runs"].copy()
     runs.loc[runs["status"] == "failed", "reason"] = "<img src=x onerror=alert(1)>"
-    render(runs, tables["summary"], tables["speedups"], CONFIG, CLAIMS, tmp_path)
+    render_tables({**tables, "runs": runs}, tmp_path)
     html = (tmp_path / "index.html").read_text(encoding="utf-8")
-    assert "<img" not in html
+    assert "<img src=x" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
 
 
 def test_empty_tables_render(tmp_path: Path, tables: dict[str, pd.DataFrame]) -> None:
     empty = {name: frame.iloc[0:0] for name, frame in tables.items()}
-    render(empty["runs"], empty["summary"], empty["speedups"], {}, {}, tmp_path)
+    render_tables(empty, tmp_path, config={}, claims={})
     text = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "None." in section(text, "Every cell")
+    assert "Nothing to draw: no cell has an ok trial." in text
+    assert "<img" not in (tmp_path / "index.html").read_text(encoding="utf-8")
+
+
+def test_without_steps_the_step_figure_says_so(
+    tmp_path: Path, tables: dict[str, pd.DataFrame]
+) -> None:
+    render_tables({k: v for k, v in tables.items() if k != "steps"}, tmp_path)
+    text = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "Nothing to draw: no steps table was given." in text
+
+
+def test_a_figure_that_fails_leaves_a_note_and_the_tables(
+    tmp_path: Path, tables: dict[str, pd.DataFrame], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(frame: pd.DataFrame) -> None:
+        raise TypeError("odd data")
+
+    monkeypatch.setattr(report, "forest_plot", broken)
+    render_tables(tables, tmp_path)
+    text = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "Figure not drawn: TypeError: odd data" in text
+    assert markdown_tables(section(text, "The seed table, measured"))
+
+
+def test_report_from_only_bad_records_renders(tmp_path: Path) -> None:
+    corrupt = tmp_path / "results/records/e/m/v/train/b1/trial0.json"
+    corrupt.parent.mkdir(parents=True)
+    corrupt.write_text("not json", encoding="utf-8")
+    absent = tmp_path / "results/records/e/m/v/train/b1/trial1.json"
+    out_dir = aggregate_cli(tmp_path, [corrupt, absent])
+    frames = {name: read_table(out_dir / f"{name}.csv") for name in TABLE_NAMES}
+    render_tables(frames, tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    failures = markdown_tables(section(text, "Failures, unsupported"))[0]
+    assert [row[6] for row in failures[1:]] == ["unreadable", "missing"]
+    assert "Records by status: missing:1 unreadable:1." in text
 
 
 def test_explicit_templates_dir(tmp_path: Path, tables: dict[str, pd.DataFrame]) -> None:
@@ -185,11 +530,13 @@ def test_explicit_templates_dir(tmp_path: Path, tables: dict[str, pd.DataFrame])
     templates.mkdir()
     (templates / "index.html.j2").write_text("<p>{{ sections | length }}</p>\n")
     (templates / "report.md.j2").write_text("{{ sections[0].title }}\n")
-    args = (tables["runs"], tables["summary"], tables["speedups"], CONFIG, CLAIMS)
-    render(*args, tmp_path / "out", templates_dir=templates)
-    assert (tmp_path / "out" / "index.html").read_text() == "<p>4</p>\n"
+    render_tables(tables, tmp_path / "out", templates_dir=templates)
+    assert (tmp_path / "out" / "index.html").read_text() == "<p>7</p>\n"
     with pytest.raises(FileNotFoundError, match="no report templates"):
-        render(*args, tmp_path / "out", templates_dir=tmp_path / "nowhere")
+        render_tables(tables, tmp_path / "out", templates_dir=tmp_path / "nowhere")
+
+
+# --- formatting ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -209,6 +556,30 @@ def test_format_rate_and_published() -> None:
     assert markdown_cell("a | b\nc") == "a \\| b c"
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((110.0, 100.0, 120.0, 0.98, 9), "110.0 [100.0–120.0] (n=9)"),
+        ((110.0, 100.0, 120.0, 0.95, 9), "110.0 [100.0–120.0] (n=9)"),
+        ((110.0, 100.0, 120.0, 0.75, 3), "110.0 [100.0–120.0, 75%] (n=3)"),
+        ((40.0, 40.0, 40.0, 0.0, 1), "40.0 [no interval] (n=1)"),
+        ((math.nan, math.nan, math.nan, math.nan, 0), "— (n=0)"),
+        ((5.0, 4.0, 6.0, 0.99, 0), "— (n=0)"),
+    ],
+)
+def test_format_rate_interval(args: tuple[float, ...], expected: str) -> None:
+    assert format_rate_interval(*args) == expected
+
+
+def test_format_speedup_interval() -> None:
+    assert format_speedup_interval(1.5, 1.25, 1.8) == "×1.50 (+50%) [1.25–1.80]"
+    assert format_speedup_interval(2.0, math.nan, math.nan) == "×2.00 (+100%) [no interval]"
+    assert format_speedup_interval(math.nan, 1.0, 2.0) == "—"
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
 def run_render_script(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     tables = tmp_path / "tables"
     config, claims = tmp_path / "config.json", tmp_path / "claims.yaml"
@@ -216,23 +587,45 @@ def run_render_script(tmp_path: Path, *extra: str) -> subprocess.CompletedProces
         [
             sys.executable, str(REPO / "scripts" / "render_report.py"),
             "--runs", str(tables / "runs.csv"), "--summary", str(tables / "summary.csv"),
-            "--speedups", str(tables / "speedups.csv"), "--config", str(config),
-            "--claims", str(claims), "--out-dir", str(tmp_path / "report"), *extra,
+            "--speedups", str(tables / "speedups.csv"), "--steps", str(tables / "steps.csv"),
+            "--config", str(config), "--claims", str(claims),
+            "--out-dir", str(tmp_path / "report"), *extra,
         ],
         capture_output=True, text=True, cwd=REPO, check=False,
     )  # fmt: skip
 
 
-def test_render_cli_writes_both_files(tmp_path: Path) -> None:
-    aggregate_cli(tmp_path, write_fixture_records(tmp_path / "records"))
+@pytest.fixture(scope="module")
+def aggregated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the aggregated fixture (tables/, config, claims), to copy from."""
+    tmp_path = tmp_path_factory.mktemp("cli")
+    aggregate_cli(tmp_path, fixture_paths(tmp_path))
+    return tmp_path
+
+
+def copy_aggregated(source: Path, target: Path) -> None:
+    (target / "tables").mkdir()
+    for path in (source / "tables").iterdir():
+        (target / "tables" / path.name).write_bytes(path.read_bytes())
+    for name in ("config.json", "claims.yaml"):
+        (target / name).write_bytes((source / name).read_bytes())
+
+
+def test_render_cli_writes_both_files(tmp_path: Path, aggregated: Path) -> None:
+    copy_aggregated(aggregated, tmp_path)
     result = run_render_script(tmp_path)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["index.html", "report.md"]
+    assert (tmp_path / "report" / "index.html").read_text().count("<img") == 5
 
 
-@pytest.mark.parametrize("problem", ["missing csv", "empty csv", "wrong csv", "bad templates"])
-def test_render_cli_reports_bad_input_in_one_line(tmp_path: Path, problem: str) -> None:
-    aggregate_cli(tmp_path, write_fixture_records(tmp_path / "records"))
+@pytest.mark.parametrize(
+    "problem", ["missing csv", "empty csv", "wrong csv", "wrong steps", "bad templates"]
+)
+def test_render_cli_reports_bad_input_in_one_line(
+    tmp_path: Path, aggregated: Path, problem: str
+) -> None:
+    copy_aggregated(aggregated, tmp_path)
     extra: list[str] = []
     if problem == "missing csv":
         (tmp_path / "tables" / "summary.csv").unlink()
@@ -240,6 +633,8 @@ def test_render_cli_reports_bad_input_in_one_line(tmp_path: Path, problem: str) 
         (tmp_path / "tables" / "speedups.csv").write_text("")
     elif problem == "wrong csv":
         (tmp_path / "tables" / "runs.csv").write_text("a,b\n1,2\n")
+    elif problem == "wrong steps":
+        (tmp_path / "tables" / "steps.csv").write_text("a,b\n1,2\n")
     else:
         extra = ["--templates-dir", str(tmp_path / "nowhere")]
     result = run_render_script(tmp_path, *extra)

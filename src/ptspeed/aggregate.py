@@ -1,17 +1,18 @@
-"""Cell records in, three tidy tables out: runs, summary and speedups.
+"""Cell records in, four tidy tables out: runs, steps, summary and speedups.
 
-* :func:`load_records` reads record files into the *runs* frame, one row per file. A file that
-  cannot be read as a record becomes a row with status ``unreadable`` instead of an exception,
-  so one corrupt file never hides the rest of a run.
+* :func:`load_tables` reads record files into the *runs* frame, one row per file, and the
+  *steps* frame, one row per measured step of an ``ok`` record. A file that cannot be read as a
+  record becomes a row with status ``unreadable``, and a listed path with no file a row with
+  status ``missing``, instead of an exception: one bad file never hides the rest of a run, and
+  the report can name what is absent. Where the path follows the workflow's layout
+  (``records/<env>/<model>/<variant>/<mode>/<size>/trial<N>.json``) such rows carry the cell.
 * :func:`summarise` groups the runs by cell (environment, model, variant, mode, sizes) and gives
-  trial counts and the median and spread of throughput over the ``ok`` trials.
-* :func:`speedups` pairs the summary rows each configured comparison needs and attaches the
-  published figures from ``config/claims.yaml``.
+  trial counts, the median throughput of the ``ok`` trials with its confidence interval, and a
+  noise flag with its reason.
+* :func:`speedups` pairs the summary rows each configured comparison needs, gives each speedup
+  its bootstrap interval and p-value, and judges the published figures of ``config/claims.yaml``.
 
-The speedups frame is one row per comparison x model x mode; interval columns such as
-``speedup_low``/``speedup_high`` can be added alongside ``speedup`` without changing its rows.
-
-Everything here is pure except the readers (:func:`load_records`, :func:`read_table`,
+Everything here is pure except the readers (:func:`load_tables`, :func:`read_table`,
 :func:`records_listed_in`, :func:`read_mapping`), and nothing imports torch.
 """
 
@@ -20,29 +21,43 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Mapping
+import random
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
 from ptspeed import stats
+from ptspeed.knobs import BadInput, parse_knobs
 from ptspeed.record import STATUSES, CellSpec, Metrics, NumericsCheck, Provenance, Record
 
 UNREADABLE = "unreadable"
-ALL_STATUSES = (*STATUSES, UNREADABLE)
+MISSING = "missing"
+ALL_STATUSES = (*STATUSES, MISSING, UNREADABLE)
+MISSING_REASON = "no record (the cell did not run or its record was removed)"
 
 CELL_COLUMNS = [f.name for f in dataclasses.fields(CellSpec)]
 METRIC_COLUMNS = [f.name for f in dataclasses.fields(Metrics) if f.name != "step_times_s"]
-NUMERICS_FIELDS = ("passed", "max_relative_error", "tolerance")
+NUMERICS_FIELDS = ("passed", "max_relative_error", "tolerance", "precision")
 NUMERICS_COLUMNS = [f"numerics_{name}" for name in NUMERICS_FIELDS]
+PACKAGE_COLUMNS = ["torchvision", "transformers"]
 PROVENANCE_COLUMNS = [
     "torch",
     "cuda",
+    "cudnn",
     "device_name",
+    "device_index",
+    "gpu_driver",
     "cpu_model",
+    "cpu_count",
     "torch_threads",
+    "python",
+    *PACKAGE_COLUMNS,
     "git_commit",
     "container_image",
     "hostname",
@@ -61,6 +76,7 @@ RUNS_COLUMNS = [
 
 CELL_KEYS = ["env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
 SIZE_KEYS = ["batch_size", "image_size", "seq_len"]
+STEPS_COLUMNS = [*CELL_KEYS, "trial", "step", "step_time_s"]
 SUMMARY_COLUMNS = [
     *CELL_KEYS,
     "trials",
@@ -74,8 +90,10 @@ SUMMARY_COLUMNS = [
     "max_samples_per_s",
     "cv",
     "noisy",
+    "noisy_reason",
     "median_first_step_s",
     "median_peak_memory_bytes",
+    "memory_kind",
     "reasons",
 ]
 SPEEDUP_COLUMNS = [
@@ -92,6 +110,8 @@ SPEEDUP_COLUMNS = [
     "candidate_samples_per_s",
     "baseline_trials",
     "candidate_trials",
+    "baseline_statuses",
+    "candidate_statuses",
     "speedup",
     "speedup_low",
     "speedup_high",
@@ -101,6 +121,10 @@ SPEEDUP_COLUMNS = [
     "published_speedup",
     "published_baseline",
     "published_candidate",
+    "claim_device",
+    "claim_precision",
+    "measured_device",
+    "measured_precision",
     "verdict",
     "verdict_reason",
 ]
@@ -113,6 +137,9 @@ CLAIM_VERDICTS = {
     "above": "above the claim",
 }
 CONFIDENCE = 0.95
+RESAMPLES = 10_000
+SEED = 0
+ALPHA = 0.05
 
 _INT_COLUMNS = [
     "batch_size",
@@ -125,6 +152,8 @@ _INT_COLUMNS = [
     "numerics_steps",
     "threads",
     "peak_memory_bytes",
+    "device_index",
+    "cpu_count",
     "torch_threads",
 ]
 _FLOAT_COLUMNS = [
@@ -139,7 +168,16 @@ _TEXT_COLUMNS = [
 ]
 
 
-SUMMARY_TEXT_COLUMNS = ["env", "model", "variant", "mode", "statuses", "reasons"]
+SUMMARY_TEXT_COLUMNS = [
+    "env",
+    "model",
+    "variant",
+    "mode",
+    "statuses",
+    "noisy_reason",
+    "memory_kind",
+    "reasons",
+]
 SPEEDUP_TEXT_COLUMNS = [
     "comparison",
     "title",
@@ -149,7 +187,13 @@ SPEEDUP_TEXT_COLUMNS = [
     "baseline_variant",
     "candidate_env",
     "candidate_variant",
+    "baseline_statuses",
+    "candidate_statuses",
     "claim",
+    "claim_device",
+    "claim_precision",
+    "measured_device",
+    "measured_precision",
     "verdict",
     "verdict_reason",
 ]
@@ -164,28 +208,81 @@ class ConfigError(ValueError):
     """A configuration without the keys aggregation needs."""
 
 
-# --- runs ----------------------------------------------------------------------------------------
+# --- runs and steps ------------------------------------------------------------------------------
+
+
+def load_tables(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The runs frame (:data:`RUNS_COLUMNS`, one row per path, in the order given) and the steps
+    frame (:data:`STEPS_COLUMNS`, one row per measured step of each ``ok`` record).
+
+    A path with no file gives a row with status ``missing``; a file that cannot be opened, is not
+    JSON, or is not a record gives a row with status ``unreadable``; both reasons name the path.
+    """
+    rows, steps = [], []
+    for path in map(Path, paths):
+        row, step_times = _read_row(path)
+        rows.append(row)
+        if row["status"] == "ok":
+            steps.extend(_step_rows(row, step_times))
+    runs = _typed_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS))
+    return runs, _typed_steps(pd.DataFrame(steps, columns=STEPS_COLUMNS))
 
 
 def load_records(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """The runs frame: one row per record file, in the order given, columns :data:`RUNS_COLUMNS`.
-
-    A file that cannot be opened, is not JSON, or is not a record gives a row with status
-    ``unreadable`` and a reason naming the file and the problem.
-    """
-    rows = [_row_of_file(Path(path)) for path in paths]
-    return _typed_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS))
+    """The runs frame of :func:`load_tables`."""
+    return load_tables(paths)[0]
 
 
-def _row_of_file(path: Path) -> dict[str, Any]:
+def _read_row(path: Path) -> tuple[dict[str, Any], list[Any]]:
     try:
-        record = _parse_record(path)
+        data = _parse_record(path)
+    except FileNotFoundError:
+        return _stand_in_row(path, MISSING, f"{path}: {MISSING_REASON}"), []
     except (OSError, UnicodeDecodeError, ValueError) as error:
-        return {"record_path": str(path), "status": UNREADABLE, "reason": f"{path}: {error}"}
-    return {"record_path": str(path), **flatten_record(record)}
+        return _stand_in_row(path, UNREADABLE, f"{path}: {error}"), []
+    step_times = (data.get("metrics") or {}).get("step_times_s")
+    return {"record_path": str(path), **flatten_data(data)}, _as_list(step_times)
 
 
-def _parse_record(path: Path) -> Record:
+def _stand_in_row(path: Path, status: str, reason: str) -> dict[str, Any]:
+    return {"record_path": str(path), **cell_from_path(path), "status": status, "reason": reason}
+
+
+def cell_from_path(path: str | Path) -> dict[str, Any]:
+    """The cell a record path names in the workflow's layout, else ``{}``:
+    ``.../records/<env>/<model>/<variant>/<mode>/b<B>[-i<I>][-s<S>]/trial<N>.json``.
+    Sizes a label leaves out take the record's defaults, as the cell itself does."""
+    parts = Path(path).parts
+    if len(parts) < 7 or parts[-7] != "records":
+        return {}
+    env, model, variant, mode, size, name = parts[-6:]
+    sizes = _sizes_of_label(size)
+    if sizes is None or not (name.startswith("trial") and name.endswith(".json")):
+        return {}
+    trial = name[len("trial") : -len(".json")]
+    if not trial.isdigit():
+        return {}
+    cell = {"env": env, "model": model, "variant": variant, "mode": mode, "trial": int(trial)}
+    return {**cell, **sizes}
+
+
+def _sizes_of_label(label: str) -> dict[str, int] | None:
+    prefixes = {"b": "batch_size", "i": "image_size", "s": "seq_len"}
+    sizes = {"image_size": _CELL_DEFAULTS["image_size"], "seq_len": _CELL_DEFAULTS["seq_len"]}
+    for part in label.split("-"):
+        key = prefixes.get(part[:1])
+        if key is None or not part[1:].isdigit():
+            return None
+        sizes[key] = int(part[1:])
+    return sizes if "batch_size" in sizes else None
+
+
+def _parse_record(path: Path) -> dict[str, Any]:
+    """The record's JSON, checked as :meth:`Record.from_dict` would check it.
+
+    Checked here rather than built with ``Record.from_dict``, which resolves type hints on every
+    call (1.4 ms a record: 14 s for a 10,000-record run).
+    """
     with open(path, encoding="utf-8") as handle:
         try:
             data = json.load(handle)
@@ -196,41 +293,67 @@ def _parse_record(path: Path) -> Record:
     missing = [key for key in ("cell", "status") if key not in data]
     if missing:
         raise RecordError(f"not a record: missing {', '.join(missing)}")
-    try:
-        record = Record.from_dict(data)
-    except (TypeError, ValueError, AttributeError) as error:
-        raise RecordError(f"not a record: {error}") from error
-    _check_parts(record)
-    return record
-
-
-def _check_parts(record: Record) -> None:
-    expected = {
-        "cell": CellSpec,
-        "metrics": Metrics,
-        "numerics": NumericsCheck,
-        "provenance": Provenance,
-    }
-    for name, kind in expected.items():
-        if not isinstance(getattr(record, name), kind):
+    if not isinstance(data["status"], str) or data["status"] not in STATUSES:
+        raise RecordError(
+            f"not a record: status {data['status']!r} is not one of {', '.join(STATUSES)}"
+        )
+    for name in _PARTS:
+        part = data.get(name)
+        if not isinstance(part, dict) and (name == "cell" or part is not None):
             raise RecordError(f"not a record: '{name}' is not an object")
+    lacking = [key for key in _REQUIRED_CELL_KEYS if key not in data["cell"]]
+    if lacking:
+        raise RecordError(f"not a record: cell lacks {', '.join(lacking)}")
+    return data
+
+
+def _field_defaults(cls: type) -> dict[str, Any]:
+    defaults = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return defaults
+
+
+_PARTS = {"cell": CellSpec, "metrics": Metrics, "numerics": NumericsCheck, "provenance": Provenance}
+_DEFAULTS = {name: _field_defaults(cls) for name, cls in _PARTS.items()}
+_CELL_DEFAULTS = _DEFAULTS["cell"]
+_REQUIRED_CELL_KEYS = [name for name in CELL_COLUMNS if name not in _CELL_DEFAULTS]
+
+
+def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """One runs row (without ``record_path``) from a record's checked JSON."""
+    parts = {name: {**_DEFAULTS[name], **(data.get(name) or {})} for name in _PARTS}
+    cell, metrics, numerics, provenance = (parts[name] for name in _PARTS)
+    packages = provenance.get("packages")
+    packages = packages if isinstance(packages, dict) else {}
+    return {
+        **{key: cell.get(key) for key in CELL_COLUMNS},
+        "status": data["status"],
+        "reason": data.get("reason", ""),
+        **{key: metrics.get(key) for key in METRIC_COLUMNS},
+        **{f"numerics_{key}": numerics.get(key) for key in NUMERICS_FIELDS},
+        **{key: provenance.get(key) for key in PROVENANCE_COLUMNS if key not in PACKAGE_COLUMNS},
+        **{key: packages.get(key, "") for key in PACKAGE_COLUMNS},
+        "started_at": data.get("started_at", ""),
+        "duration_s": data.get("duration_s"),
+    }
 
 
 def flatten_record(record: Record) -> dict[str, Any]:
     """One runs row (without ``record_path``) from a record."""
-    metrics = {k: v for k, v in dataclasses.asdict(record.metrics).items() if k in METRIC_COLUMNS}
-    numerics = {f"numerics_{k}": getattr(record.numerics, k) for k in NUMERICS_FIELDS}
-    provenance = {k: getattr(record.provenance, k) for k in PROVENANCE_COLUMNS}
-    return {
-        **dataclasses.asdict(record.cell),
-        "status": record.status,
-        "reason": record.reason,
-        **metrics,
-        **numerics,
-        **provenance,
-        "started_at": record.started_at,
-        "duration_s": record.duration_s,
-    }
+    return flatten_data(record.to_dict())
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _step_rows(row: Mapping[str, Any], step_times: Sequence[Any]) -> list[dict[str, Any]]:
+    cell = {key: row[key] for key in (*CELL_KEYS, "trial")}
+    return [{**cell, "step": step, "step_time_s": t} for step, t in enumerate(step_times)]
 
 
 def _typed_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -238,14 +361,52 @@ def _typed_runs(runs: pd.DataFrame) -> pd.DataFrame:
     # becomes NaN (or text) in its cell instead of breaking every median or sort.
     runs = runs.copy()
     for column in _INT_COLUMNS:
-        numbers = pd.to_numeric(runs[column], errors="coerce").astype("Float64")
-        runs[column] = numbers.round().astype("Int64")
+        runs[column] = _as_int(runs[column])
     for column in _FLOAT_COLUMNS:
-        runs[column] = pd.to_numeric(runs[column], errors="coerce").astype(float)
-    runs["numerics_passed"] = runs["numerics_passed"].map(_bool_or_na).astype("boolean")
+        runs[column] = _as_float_column(runs[column])
+    runs["numerics_passed"] = _as_boolean(runs["numerics_passed"])
     for column in _TEXT_COLUMNS:
-        runs[column] = runs[column].map(_text_or_na)
+        runs[column] = _as_text(runs[column])
     return runs
+
+
+def _typed_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    steps = steps.copy()
+    for column in ("env", "model", "variant", "mode"):
+        steps[column] = _as_text(steps[column])
+    for column in (*SIZE_KEYS, "trial", "step"):
+        steps[column] = _as_int(steps[column])
+    steps["step_time_s"] = _as_float_column(steps["step_time_s"])
+    return steps
+
+
+def _as_int(values: pd.Series) -> pd.Series:
+    numbers = _as_float_column(values).astype("Float64")
+    return numbers.round().astype("Int64")
+
+
+def _as_float_column(values: pd.Series) -> pd.Series:
+    if pd.api.types.infer_dtype(values, skipna=True) not in _NUMERIC_KINDS:
+        # A list or a dict where a number belongs is odd input, not a reason to fail.
+        values = values.map(lambda v: v if isinstance(v, (int, float, str)) else None)
+    numbers = pd.to_numeric(values, errors="coerce").astype(float)
+    return numbers.where(np.isfinite(numbers))
+
+
+# Per-value conversions cost seconds on 10,000 records: columns of the expected kind skip them.
+_NUMERIC_KINDS = ("floating", "integer", "mixed-integer-float", "empty")
+
+
+def _as_boolean(values: pd.Series) -> pd.Series:
+    if pd.api.types.infer_dtype(values, skipna=True) not in ("boolean", "empty"):
+        values = values.map(_bool_or_na)
+    return values.astype("boolean")
+
+
+def _as_text(values: pd.Series) -> pd.Series:
+    if pd.api.types.infer_dtype(values, skipna=True) in ("string", "empty"):
+        return values
+    return values.map(_text_or_na)
 
 
 def _bool_or_na(value: Any) -> Any:
@@ -268,47 +429,108 @@ def read_table(path: str | Path) -> pd.DataFrame:
 
 
 def summarise(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell (:data:`CELL_KEYS`) of readable records; columns :data:`SUMMARY_COLUMNS`.
+    """One row per cell (:data:`CELL_KEYS`) of the runs whose cell is known; columns
+    :data:`SUMMARY_COLUMNS`. Missing and unreadable rows count as trials of their cell where the
+    path named it.
 
-    Throughput statistics use the ``ok`` trials only; ``cv`` is the sample standard deviation over
-    the mean, NaN with fewer than two ok trials.
+    Throughput statistics use the ``ok`` trials only: the median with its distribution-free
+    interval (:func:`ptspeed.stats.summarise`), minimum, maximum, and ``cv`` (sample standard
+    deviation over the mean, NaN with fewer than two ok trials).
     """
-    readable = runs[runs["status"] != UNREADABLE]
-    if readable.empty:
+    known = runs[~(runs["status"].isin([MISSING, UNREADABLE]) & runs["env"].isna())]
+    if known.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
-    groups = readable.groupby(CELL_KEYS, sort=True, dropna=False)
-    rows = [
-        {**dict(zip(CELL_KEYS, key, strict=True)), **_cell_stats(group)} for key, group in groups
-    ]
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    columns = {name: known[name].to_numpy(dtype=object) for name in _SUMMARY_INPUTS}
+    rows = []
+    for positions in group_positions(known, CELL_KEYS):
+        trials = {name: values[positions] for name, values in columns.items()}
+        key = {name: trials[name][0] for name in CELL_KEYS}
+        rows.append({**key, **_cell_stats(trials)})
+    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    for column in SIZE_KEYS:
+        summary[column] = summary[column].astype("Int64")
+    return summary
 
 
-def _cell_stats(trials: pd.DataFrame) -> dict[str, Any]:
-    ok = trials[trials["status"] == "ok"]
-    rates = ok["throughput_samples_per_s"].dropna().astype(float)
-    interval = stats.summarise(rates.tolist(), CONFIDENCE) if len(rates) else None
+_SUMMARY_INPUTS = [
+    *CELL_KEYS,
+    "status",
+    "reason",
+    "throughput_samples_per_s",
+    "first_step_s",
+    "peak_memory_bytes",
+    "memory_kind",
+]
+
+
+def group_positions(frame: pd.DataFrame, keys: Sequence[str]) -> list[np.ndarray]:
+    """Row positions of each group of ``frame`` by ``keys``, groups in sorted key order (missing
+    key values last), rows in frame order. Faster than iterating a groupby's sub-frames."""
+    if frame.empty:
+        return []
+    codes = frame.groupby(list(keys), sort=True, dropna=False).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(codes[order])) + 1)
+
+
+def _cell_stats(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    ok = trials["status"] == "ok"
+    rates = _finite_numbers(trials["throughput_samples_per_s"][ok])
+    interval = stats.summarise(rates, CONFIDENCE) if rates else None
     return {
-        "trials": len(trials),
-        "ok_trials": len(ok),
-        "statuses": status_counts(trials["status"]),
-        "median_samples_per_s": _median(rates),
+        "trials": len(trials["status"]),
+        "ok_trials": int(ok.sum()),
+        "statuses": _status_counts(trials["status"]),
+        "median_samples_per_s": interval.median if interval else math.nan,
         "median_low": interval.low if interval else math.nan,
         "median_high": interval.high if interval else math.nan,
         "median_confidence": interval.achieved_confidence if interval else math.nan,
-        "min_samples_per_s": rates.min() if len(rates) else math.nan,
-        "max_samples_per_s": rates.max() if len(rates) else math.nan,
-        "cv": coefficient_of_variation(rates),
+        "min_samples_per_s": min(rates) if rates else math.nan,
+        "max_samples_per_s": max(rates) if rates else math.nan,
+        "cv": interval.cv if interval else math.nan,
         "noisy": bool(interval and interval.noisy),
-        "median_first_step_s": _median(ok["first_step_s"]),
-        "median_peak_memory_bytes": _median(ok["peak_memory_bytes"]),
-        "reasons": _joined_reasons(trials[trials["status"] != "ok"]),
+        "noisy_reason": noise_reason(interval) if interval and interval.noisy else "",
+        "median_first_step_s": _median_of(trials["first_step_s"][ok]),
+        "median_peak_memory_bytes": _median_of(trials["peak_memory_bytes"][ok]),
+        "memory_kind": ", ".join(_distinct_texts(trials["memory_kind"][ok])),
+        "reasons": _joined_reasons(trials["status"][~ok], trials["reason"][~ok]),
     }
+
+
+def noise_reason(summary: stats.Summary) -> str:
+    """Why a cell is flagged noisy, e.g. ``"cv 12.9% > 5%"``."""
+    reasons = []
+    if summary.cv > stats.NOISE_CV:
+        reasons.append(f"cv {summary.cv:.1%} > {stats.NOISE_CV:.0%}")
+    half_width = summary.relative_half_width
+    if half_width > stats.NOISE_RELATIVE_HALF_WIDTH:
+        limit = stats.NOISE_RELATIVE_HALF_WIDTH
+        reasons.append(f"median interval ±{half_width:.1%} > ±{limit:.0%}")
+    return "; ".join(reasons)
+
+
+def _finite_numbers(values: Iterable[Any]) -> list[float]:
+    numbers = (float(v) for v in values if v is not None and v is not pd.NA)
+    return [v for v in numbers if math.isfinite(v)]
+
+
+def _median_of(values: Iterable[Any]) -> float:
+    numbers = sorted(_finite_numbers(values))
+    return float(np.median(numbers)) if numbers else math.nan
+
+
+def _distinct_texts(values: Iterable[Any]) -> list[str]:
+    return list(dict.fromkeys(v for v in values if isinstance(v, str) and v))
 
 
 def status_counts(statuses: pd.Series) -> str:
     """E.g. ``"ok:2 failed:1"``, statuses in the order of :data:`ALL_STATUSES`."""
-    counts = statuses.value_counts()
-    order = [s for s in ALL_STATUSES if s in counts] + sorted(set(counts.index) - set(ALL_STATUSES))
+    return _status_counts(statuses.dropna())
+
+
+def _status_counts(statuses: Iterable[Any]) -> str:
+    counts = Counter(str(s) for s in statuses)
+    order = [s for s in ALL_STATUSES if s in counts] + sorted(set(counts) - set(ALL_STATUSES))
     return " ".join(f"{status}:{counts[status]}" for status in order)
 
 
@@ -320,17 +542,30 @@ def coefficient_of_variation(values: pd.Series) -> float:
     return float(values.std(ddof=1) / values.mean())
 
 
-def _median(values: pd.Series) -> float:
-    values = pd.to_numeric(values, errors="coerce").dropna().astype(float)
-    return float(values.median()) if len(values) else math.nan
-
-
-def _joined_reasons(failed: pd.DataFrame) -> str:
-    reasons = [f"{row.status}: {row.reason}" for row in failed.itertuples() if row.reason]
-    return "; ".join(dict.fromkeys(reasons))
+def _joined_reasons(statuses: Iterable[Any], reasons: Iterable[Any]) -> str:
+    pairs = zip(statuses, reasons, strict=True)
+    joined = [f"{status}: {text}" for status, text in pairs if isinstance(text, str) and text]
+    return "; ".join(dict.fromkeys(joined))
 
 
 # --- speedups ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Side:
+    """The ok trials of one cell, as a speedup reads them."""
+
+    rates: list[float] = field(default_factory=list)
+    devices: dict[str, None] = field(default_factory=dict)
+    precisions: dict[str, None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Index:
+    """Summary rows by (env, variant, model, mode), ok trials by that and the sizes."""
+
+    cells: Mapping[tuple[Any, ...], list[dict[str, Any]]]
+    sides: Mapping[tuple[Any, ...], _Side] | None
 
 
 def speedups(
@@ -339,23 +574,25 @@ def speedups(
     claims: Mapping[str, Any] | None = None,
     runs: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """One row per comparison x model x mode (configuration order), columns :data:`SPEEDUP_COLUMNS`.
+    """One row per comparison x model x mode (configuration order), columns :data:`SPEEDUP_COLUMNS`,
+    then, per comparison, one row for each model its claim names that the matrix lacks.
 
     ``speedup`` is the candidate's median throughput over the baseline's, NaN when either side has
     no ok trial. Published figures come from ``claims`` (the parsed ``claims.yaml``) through the
     comparison's ``claim`` key. Where the summary holds several sizes of one cell, the size set in
     the configuration for ``config['device']`` is used, else the largest batch both sides share.
     With ``runs`` (the per-trial records), each speedup gets its bootstrap interval and a
-    Mann-Whitney p-value (:func:`ptspeed.stats.speedup`) and claims get a verdict.
+    Mann-Whitney p-value (:func:`bootstrap_speedup`) and claims get a verdict.
     """
     check_config(config)
     claims = claims or {}
-    rows = [
-        _speedup_row(summary, runs, config, claims, name, comparison, model, mode)
-        for name, comparison in config["comparisons"].items()
-        for model in config["models"]
-        for mode in config["modes"]
-    ]
+    index = _Index(_summary_index(summary), _side_index(runs) if runs is not None else None)
+    rows = []
+    for name, comparison in config["comparisons"].items():
+        for model in config["models"]:
+            for mode in config["modes"]:
+                rows.append(_speedup_row(index, config, claims, name, comparison, model, mode))
+        rows.extend(_unmatrixed_claim_rows(config, claims, name, comparison))
     return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
 
 
@@ -377,9 +614,49 @@ def _shape_name(shape: type | tuple[type, ...]) -> str:
     return " or ".join("mapping" if kind is Mapping else kind.__name__ for kind in kinds)
 
 
+def _summary_index(summary: pd.DataFrame) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    index: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in summary.to_dict("records"):
+        key = (row["env"], row["variant"], row["model"], row["mode"])
+        index.setdefault(key, []).append(row)
+    return index
+
+
+def _side_index(runs: pd.DataFrame) -> dict[tuple[Any, ...], _Side]:
+    ok = runs[runs["status"] == "ok"]
+    names = ["env", "variant", "model", "mode", *SIZE_KEYS, "throughput_samples_per_s"]
+    names += ["knobs", "device_name", "device_index", "numerics_precision"]
+    index: dict[tuple[Any, ...], _Side] = {}
+    for row in ok[names].itertuples(index=False, name=None):
+        env, variant, model, mode, *sizes = row[:7]
+        rate, knobs, device_name, device_index, precision = row[7:]
+        if any(pd.isna(v) for v in sizes) or not (rate > 0 and math.isfinite(rate)):
+            continue
+        side = index.setdefault((env, variant, model, mode, *map(int, sizes)), _Side())
+        side.rates.append(float(rate))
+        device_class = "cpu" if pd.isna(device_index) else "cuda"
+        side.devices[_device_label(device_name, device_class)] = None
+        side.precisions[_precision_of(precision, knobs, device_class)] = None
+    return index
+
+
+def _device_label(device_name: Any, device_class: str) -> str:
+    return f"{device_name} ({device_class})" if isinstance(device_name, str) else device_class
+
+
+def _precision_of(recorded: Any, knobs: Any, device_class: str) -> str:
+    """The precision a run computed in: as its numerics check recorded it, else from its knobs
+    (eager fp32 is not checked, being the reference itself)."""
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    try:
+        return parse_knobs(str(knobs)).precision(device_class)
+    except BadInput:
+        return "unknown"
+
+
 def _speedup_row(
-    summary: pd.DataFrame,
-    runs: pd.DataFrame | None,
+    index: _Index,
     config: Mapping[str, Any],
     claims: Mapping[str, Any],
     name: str,
@@ -388,53 +665,98 @@ def _speedup_row(
     mode: str,
 ) -> dict[str, Any]:
     base_spec, cand_spec = comparison["baseline"], comparison["candidate"]
-    base_rows = _cell_rows(summary, base_spec, model, mode)
-    cand_rows = _cell_rows(summary, cand_spec, model, mode)
+    base_rows = index.cells.get((base_spec["env"], base_spec["variant"], model, mode), [])
+    cand_rows = index.cells.get((cand_spec["env"], cand_spec["variant"], model, mode), [])
     size = _chosen_size(base_rows, cand_rows, _configured_size(config, model))
     base, cand = _at_size(base_rows, size), _at_size(cand_rows, size)
-    published = published_figures(claims, comparison.get("claim"), model)
     row = {
-        "comparison": name,
-        "title": comparison.get("title", name),
-        "model": model,
+        **_comparison_fields(name, comparison, claims, model),
         "mode": mode,
         **dict(zip(SIZE_KEYS, size or (pd.NA,) * len(SIZE_KEYS), strict=True)),
-        "baseline_env": base_spec["env"],
-        "baseline_variant": base_spec["variant"],
-        "candidate_env": cand_spec["env"],
-        "candidate_variant": cand_spec["variant"],
         **_side("baseline", base),
         **_side("candidate", cand),
-        "claim": comparison.get("claim") or "",
-        **published,
     }
     row["speedup"] = _ratio(row["candidate_samples_per_s"], row["baseline_samples_per_s"])
-    row.update(_interval(runs, base_spec, cand_spec, model, mode, size))
+    sides = _trial_sides(index, base_spec, cand_spec, model, mode, size)
+    row.update(_interval(*sides))
+    row.update(_measured_on(*sides))
     row["verdict"], row["verdict_reason"] = verdict(row, claims, config.get("device", ""))
     return row
 
 
-def _interval(
-    runs: pd.DataFrame | None,
+def _comparison_fields(
+    name: str, comparison: Mapping[str, Any], claims: Mapping[str, Any], model: str
+) -> dict[str, Any]:
+    group = comparison.get("claim") or ""
+    group_claims = claims.get(group) if isinstance(claims.get(group), Mapping) else {}
+    return {
+        "comparison": name,
+        "title": comparison.get("title", name),
+        "model": model,
+        "baseline_env": comparison["baseline"]["env"],
+        "baseline_variant": comparison["baseline"]["variant"],
+        "candidate_env": comparison["candidate"]["env"],
+        "candidate_variant": comparison["candidate"]["variant"],
+        "claim": group,
+        **published_figures(claims, group, model),
+        "claim_device": str(group_claims.get("device") or ""),
+        "claim_precision": str(group_claims.get("precision") or ""),
+    }
+
+
+def _unmatrixed_claim_rows(
+    config: Mapping[str, Any], claims: Mapping[str, Any], name: str, comparison: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Rows for the models a comparison's claim names but the matrix does not run."""
+    group = comparison.get("claim")
+    group_claims = claims.get(group) if group else None
+    claimed = group_claims.get("models") if isinstance(group_claims, Mapping) else None
+    if not isinstance(claimed, Mapping):
+        return []
+    rows = []
+    for model in claimed:
+        if model in config["models"]:
+            continue
+        row = {
+            **_comparison_fields(name, comparison, claims, model),
+            "mode": "",
+            **dict.fromkeys(SIZE_KEYS, pd.NA),
+            **_side("baseline", None),
+            **_side("candidate", None),
+            "speedup": math.nan,
+            **_interval(None, None),
+            **_measured_on(None, None),
+            "verdict": NOT_MEASURED,
+            "verdict_reason": f"{model} is not in the benchmark matrix (config models)",
+        }
+        rows.append(row)
+    return rows
+
+
+def _trial_sides(
+    index: _Index,
     base_spec: Mapping[str, Any],
     cand_spec: Mapping[str, Any],
     model: str,
     mode: str,
     size: tuple[int, ...] | None,
-) -> dict[str, Any]:
-    blank = {
-        "speedup_low": math.nan,
-        "speedup_high": math.nan,
-        "p_value": math.nan,
-        "significant": False,
-    }
-    if runs is None or size is None:
-        return blank
-    base = _ok_rates(runs, base_spec, model, mode, size)
-    cand = _ok_rates(runs, cand_spec, model, mode, size)
-    if not base or not cand:
-        return blank
-    ratio = stats.speedup(base, cand, confidence=CONFIDENCE)
+) -> tuple[_Side | None, _Side | None]:
+    if index.sides is None or size is None:
+        return None, None
+    base = index.sides.get((base_spec["env"], base_spec["variant"], model, mode, *size))
+    cand = index.sides.get((cand_spec["env"], cand_spec["variant"], model, mode, *size))
+    return base, cand
+
+
+def _interval(base: _Side | None, cand: _Side | None) -> dict[str, Any]:
+    if base is None or cand is None:
+        return {
+            "speedup_low": math.nan,
+            "speedup_high": math.nan,
+            "p_value": math.nan,
+            "significant": False,
+        }
+    ratio = bootstrap_speedup(base.rates, cand.rates)
     return {
         "speedup_low": ratio.low,
         "speedup_high": ratio.high,
@@ -443,32 +765,15 @@ def _interval(
     }
 
 
-def _ok_rates(
-    runs: pd.DataFrame, spec: Mapping[str, Any], model: str, mode: str, size: tuple[int, ...]
-) -> list[float]:
-    match = (
-        (runs["status"] == "ok")
-        & (runs["env"] == spec["env"])
-        & (runs["variant"] == spec["variant"])
-        & (runs["model"] == model)
-        & (runs["mode"] == mode)
-    )
-    for key, value in zip(SIZE_KEYS, size, strict=True):
-        match &= runs[key] == value
-    rates = pd.to_numeric(runs.loc[match, "throughput_samples_per_s"], errors="coerce")
-    return [float(v) for v in rates.dropna() if v > 0]
-
-
-def _cell_rows(
-    summary: pd.DataFrame, spec: Mapping[str, Any], model: str, mode: str
-) -> pd.DataFrame:
-    match = (
-        (summary["env"] == spec["env"])
-        & (summary["variant"] == spec["variant"])
-        & (summary["model"] == model)
-        & (summary["mode"] == mode)
-    )
-    return summary[match]
+def _measured_on(base: _Side | None, cand: _Side | None) -> dict[str, str]:
+    sides = [side for side in (base, cand) if side is not None]
+    devices = dict.fromkeys(d for side in sides for d in side.devices)
+    precisions = [" / ".join(side.precisions) for side in sides]
+    same = len(set(precisions)) == 1
+    return {
+        "measured_device": ", ".join(devices),
+        "measured_precision": precisions[0] if same else " → ".join(precisions),
+    }
 
 
 def _configured_size(config: Mapping[str, Any], model: str) -> dict[str, Any]:
@@ -487,13 +792,15 @@ def _size_of(row: Mapping[str, Any]) -> tuple[int, ...] | None:
     return None if any(pd.isna(v) for v in values) else tuple(int(v) for v in values)
 
 
-def _sizes_of(rows: pd.DataFrame) -> set[tuple[int, ...]]:
-    sizes = (_size_of(row) for row in rows.to_dict("records"))
+def _sizes_of(rows: Sequence[Mapping[str, Any]]) -> set[tuple[int, ...]]:
+    sizes = (_size_of(row) for row in rows)
     return {size for size in sizes if size is not None}
 
 
 def _chosen_size(
-    base: pd.DataFrame, cand: pd.DataFrame, configured: Mapping[str, Any]
+    base: Sequence[Mapping[str, Any]],
+    cand: Sequence[Mapping[str, Any]],
+    configured: Mapping[str, Any],
 ) -> tuple[int, ...] | None:
     options = (_sizes_of(base) & _sizes_of(cand)) or (_sizes_of(base) | _sizes_of(cand))
     wanted = [
@@ -505,15 +812,22 @@ def _chosen_size(
     return max(candidates) if candidates else None
 
 
-def _at_size(rows: pd.DataFrame, size: tuple[int, ...] | None) -> Mapping[str, Any] | None:
-    matches = [row for row in rows.to_dict("records") if size and _size_of(row) == size]
+def _at_size(
+    rows: Sequence[Mapping[str, Any]], size: tuple[int, ...] | None
+) -> Mapping[str, Any] | None:
+    matches = [row for row in rows if size and _size_of(row) == size]
     return matches[0] if matches else None
 
 
 def _side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
     ok_trials = int(row["ok_trials"]) if row is not None else 0
     median = float(row["median_samples_per_s"]) if row is not None and ok_trials else math.nan
-    return {f"{prefix}_samples_per_s": median, f"{prefix}_trials": ok_trials}
+    statuses = row["statuses"] if row is not None and isinstance(row["statuses"], str) else ""
+    return {
+        f"{prefix}_samples_per_s": median,
+        f"{prefix}_trials": ok_trials,
+        f"{prefix}_statuses": statuses,
+    }
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -525,6 +839,7 @@ def _ratio(numerator: float, denominator: float) -> float:
 def published_figures(claims: Mapping[str, Any], group: str | None, model: str) -> dict[str, float]:
     """``published_speedup``, ``published_baseline``, ``published_candidate``; NaN when absent."""
     group_claims = claims.get(group, {}) if group else {}
+    group_claims = group_claims if isinstance(group_claims, Mapping) else {}
     figures = (group_claims.get("models") or {}).get(model) or {}
     return {
         f"published_{key}": _as_float(figures.get(key))
@@ -549,7 +864,8 @@ def verdict(
     a claim made on a GPU checked by a CPU run). Without a claim: measured.
     """
     missing = [
-        f"{side} ({row[f'{side}_env']}/{row[f'{side}_variant']})"
+        f"{side} ({row[f'{side}_env']}/{row[f'{side}_variant']}: "
+        f"{row.get(f'{side}_statuses') or 'no records'})"
         for side in ("baseline", "candidate")
         if row[f"{side}_trials"] == 0 or math.isnan(row[f"{side}_samples_per_s"])
     ]
@@ -564,9 +880,9 @@ def verdict(
         return MEASURED, f"{row['model']} not in claims group '{group}'"
     claimed_on = claims[group].get("device_class")
     if claimed_on and device_class and claimed_on != device_class:
+        measured = row.get("measured_device") or device_class
         return NOT_MEASURED, (
-            f"claimed on {claims[group].get('device', claimed_on)}; this run measured on "
-            f"{device_class}"
+            f"claimed on {claims[group].get('device', claimed_on)}; this run measured on {measured}"
         )
     if math.isnan(row.get("speedup_low", math.nan)):
         return MEASURED, "too few ok trials for an interval"
@@ -580,16 +896,109 @@ def verdict(
         n_candidate=row["candidate_trials"],
         p_value=row["p_value"],
         significant=row["significant"],
-        alpha=0.05,
+        alpha=ALPHA,
     )
     outcome = stats.compare_to_claim(ratio, row["published_speedup"])
-    return CLAIM_VERDICTS[outcome], _claim_context(claims[group])
+    return CLAIM_VERDICTS[outcome], _claim_context(claims[group], row)
 
 
-def _claim_context(group: Mapping[str, Any]) -> str:
-    """Where the claim was made, to set beside where it was measured."""
-    parts = [group.get("device"), group.get("precision")]
-    return "claimed on " + ", ".join(str(p) for p in parts if p) if any(parts) else ""
+def _claim_context(group: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    """Where the claim was made, beside where it was measured."""
+    claimed = [str(p) for p in (group.get("device"), group.get("precision")) if p]
+    measured = [str(row.get(k)) for k in ("measured_device", "measured_precision") if row.get(k)]
+    parts = []
+    if claimed:
+        parts.append("claimed on " + ", ".join(claimed))
+    if measured:
+        parts.append("measured on " + ", ".join(measured))
+    return "; ".join(parts)
+
+
+# --- the bootstrap, vectorised -------------------------------------------------------------------
+
+
+def bootstrap_speedup(
+    baseline: Iterable[float],
+    candidate: Iterable[float],
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    alpha: float = ALPHA,
+) -> stats.Ratio:
+    """:func:`ptspeed.stats.speedup`, the same result to the last bit, about 20x faster.
+
+    ``stats.speedup`` draws each resample with ``random.Random(seed).choices`` in a Python loop
+    (about 80 ms a speedup; a CI comparison of 1,000 cells took minutes). ``choices`` picks
+    ``population[floor(random() * n)]``, and numpy's legacy Mersenne Twister started from the
+    same state yields the same doubles, so the same resamples are drawn here as one array. Input
+    that ``stats.speedup`` would reject, or that gives no interval, goes to it unchanged.
+    """
+    base, cand = sorted(map(float, baseline)), sorted(map(float, candidate))
+    usable = (
+        len(base) >= 2
+        and len(cand) >= 2
+        and resamples >= 1
+        and 0.0 < confidence < 1.0
+        and 0.0 < alpha < 1.0
+        and all(math.isfinite(v) and v > 0 for v in (*base, *cand))
+    )
+    if not usable:
+        return stats.speedup(base, cand, confidence, resamples, seed, alpha)
+    ratios = _bootstrap_ratios(base, cand, resamples, seed).tolist()
+    tail = (1.0 - confidence) / 2.0
+    low, high = stats.quantile(ratios, tail), stats.quantile(ratios, 1.0 - tail)
+    _, p_value = stats.mann_whitney_u(base, cand)
+    return stats.Ratio(
+        estimate=_median_of_sorted(cand) / _median_of_sorted(base),
+        low=low,
+        high=high,
+        confidence=confidence,
+        method=f"bootstrap percentile, {resamples} resamples (seed {seed})",
+        n_baseline=len(base),
+        n_candidate=len(cand),
+        p_value=p_value,
+        significant=p_value < alpha and not low <= 1.0 <= high,
+        alpha=alpha,
+    )
+
+
+def _bootstrap_ratios(
+    base: Sequence[float], cand: Sequence[float], resamples: int, seed: int
+) -> np.ndarray:
+    """Each row of draws is one round of ``stats._bootstrap_ratios``: the baseline's
+    ``choices(k=n_base)`` then the candidate's ``choices(k=n_cand)``."""
+    generator = _numpy_twin(random.Random(seed))
+    n_base, n_cand = len(base), len(cand)
+    draws = generator.random_sample((resamples, n_base + n_cand))
+    base_picks = np.asarray(base)[np.floor(draws[:, :n_base] * float(n_base)).astype(np.intp)]
+    cand_picks = np.asarray(cand)[np.floor(draws[:, n_base:] * float(n_cand)).astype(np.intp)]
+    return np.sort(_row_medians(cand_picks) / _row_medians(base_picks))
+
+
+def _numpy_twin(generator: random.Random) -> np.random.RandomState:
+    """A numpy generator whose ``random_sample`` continues ``generator.random()``'s stream."""
+    _, internal_state, _ = generator.getstate()
+    twin = np.random.RandomState()
+    twin.set_state(("MT19937", np.array(internal_state[:-1], dtype=np.uint32), internal_state[-1]))
+    return twin
+
+
+def _row_medians(samples: np.ndarray) -> np.ndarray:
+    middle = samples.shape[1] // 2
+    if samples.shape[1] % 2:
+        return np.partition(samples, middle, axis=1)[:, middle]
+    ordered = np.partition(samples, (middle - 1, middle), axis=1)
+    return (ordered[:, middle - 1] + ordered[:, middle]) / 2.0
+
+
+def _median_of_sorted(values: Sequence[float]) -> float:
+    middle = len(values) // 2
+    if len(values) % 2:
+        return values[middle]
+    return (values[middle - 1] + values[middle]) / 2.0
+
+
+# --- inputs --------------------------------------------------------------------------------------
 
 
 def read_mapping(path: str | Path) -> dict[str, Any]:

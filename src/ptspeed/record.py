@@ -10,6 +10,7 @@ This module must import under Python 3.10 without torch: the cell watchdog uses 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import tempfile
@@ -167,8 +168,13 @@ class Record:
         return _from_dict(cls, data)
 
 
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def _from_dict(cls: type, data: dict[str, Any]) -> Any:
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:

@@ -1,12 +1,14 @@
 """The report: the aggregated tables rendered as one self-contained HTML page and Markdown.
 
-The page is a list of :class:`Section` objects, each a title, a short text and tables of
-already formatted strings; both templates render any section the same way. To grow the report,
-write a function that returns a :class:`Section` and add it to :data:`SECTION_BUILDERS`.
+The page is a list of :class:`Section` objects, each a title, a short text and blocks: tables of
+already formatted strings, or charts (:mod:`ptspeed.figures`, embedded as PNG data URIs). Both
+templates render any section the same way; the Markdown version carries the tables and names the
+figures. To grow the report, write a function that returns a :class:`Section` and add it to
+:data:`SECTION_BUILDERS`.
 
 Every number on the page is a value of the aggregated CSVs passed through one of the
 ``format_*`` functions below, so the page and the tables cannot disagree, and every measured
-throughput is shown with its number of ok trials.
+value is shown with the number of ok trials it came from (``n=``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,28 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from ptspeed.aggregate import RUNS_COLUMNS, SPEEDUP_COLUMNS, SUMMARY_COLUMNS, UNREADABLE
+from ptspeed import stats
+from ptspeed.aggregate import (
+    ALPHA,
+    CONFIDENCE,
+    RESAMPLES,
+    RUNS_COLUMNS,
+    SEED,
+    SPEEDUP_COLUMNS,
+    STEPS_COLUMNS,
+    SUMMARY_COLUMNS,
+    status_counts,
+)
+from ptspeed.figures import (
+    FIRST_STEP,
+    PEAK_MEMORY,
+    THROUGHPUT,
+    Chart,
+    cell_dots,
+    forest_plot,
+    step_time_boxes,
+)
+from ptspeed.numerics import FP32_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.record import write_atomic
 
 REPO_TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "report" / "templates"
@@ -40,12 +63,21 @@ def is_blank(value: Any) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
+def is_true(value: Any) -> bool:
+    """A boolean CSV cell: True, or the text 'True' (a column with blanks reads as text)."""
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
 def format_text(value: Any) -> str:
     return BLANK if is_blank(value) else str(value)
 
 
 def format_int(value: Any) -> str:
     return BLANK if is_blank(value) else str(int(value))
+
+
+def format_samples_per_s(value: Any) -> str:
+    return BLANK if is_blank(value) else f"{float(value):.1f}"
 
 
 def format_rate(samples_per_s: Any, trials: Any) -> str:
@@ -55,8 +87,20 @@ def format_rate(samples_per_s: Any, trials: Any) -> str:
     return f"{value} (n={n})"
 
 
-def format_samples_per_s(value: Any) -> str:
-    return BLANK if is_blank(value) else f"{float(value):.1f}"
+def format_rate_interval(median: Any, low: Any, high: Any, confidence: Any, trials: Any) -> str:
+    """A median throughput with its interval and ok trials, e.g. ``"110.0 [100.0–120.0] (n=9)"``.
+
+    The interval's coverage is shown when it falls short of the requested 95 % (few trials:
+    ``"[100.0–120.0, 75%]"``); one trial has no interval.
+    """
+    n = 0 if is_blank(trials) else int(trials)
+    if is_blank(median) or n == 0:
+        return f"{BLANK} (n={n})"
+    if is_blank(low) or is_blank(high) or is_blank(confidence) or float(confidence) <= 0:
+        return f"{format_samples_per_s(median)} [no interval] (n={n})"
+    coverage = "" if float(confidence) >= CONFIDENCE else f", {float(confidence):.0%}"
+    interval = f"{format_samples_per_s(low)}–{format_samples_per_s(high)}{coverage}"
+    return f"{format_samples_per_s(median)} [{interval}] (n={n})"
 
 
 def format_speedup(speedup: Any) -> str:
@@ -65,6 +109,15 @@ def format_speedup(speedup: Any) -> str:
         return BLANK
     ratio = float(speedup)
     return f"×{ratio:.2f} ({(ratio - 1) * 100:+.0f}%)"
+
+
+def format_speedup_interval(speedup: Any, low: Any, high: Any) -> str:
+    """A ratio with its 95 % interval, e.g. ``"×1.50 (+50%) [1.25–1.80]"``."""
+    if is_blank(speedup):
+        return BLANK
+    if is_blank(low) or is_blank(high):
+        return f"{format_speedup(speedup)} [no interval]"
+    return f"{format_speedup(speedup)} [{float(low):.2f}–{float(high):.2f}]"
 
 
 def format_published(speedup: Any, baseline: Any, candidate: Any) -> str:
@@ -92,25 +145,32 @@ def format_fraction_as_percent(value: Any) -> str:
     return BLANK if is_blank(value) else f"{float(value) * 100:.1f}%"
 
 
+def format_flag(value: Any) -> str:
+    return "yes" if is_true(value) else ""
+
+
 # --- page structure ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Table:
-    """Formatted cells; ``numeric`` holds the indexes of right-aligned columns."""
+    """Formatted cells; ``numeric`` holds the indexes of right-aligned columns, ``wrap`` those of
+    prose columns that may wrap (on a wide screen the others keep to one line)."""
 
     headers: Sequence[str]
     rows: Sequence[Sequence[str]]
     numeric: frozenset[int] = frozenset()
+    wrap: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
 class Block:
-    """One table with an optional heading and note above it."""
+    """One table or one chart, with an optional heading and note above it."""
 
-    table: Table
+    table: Table | None = None
     heading: str = ""
     note: str = ""
+    chart: Chart | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +188,19 @@ class ReportInputs:
     speedups: pd.DataFrame
     config: Mapping[str, Any]
     claims: Mapping[str, Any]
+    steps: pd.DataFrame | None = None
+
+
+def chart_block(draw: Callable[[], Chart | None], heading: str, nothing: str) -> Block:
+    """A chart, or a note saying why there is none; a figure that fails to draw never stops
+    the report."""
+    try:
+        chart = draw()
+    except Exception as error:  # plotting odd data must not cost the tables
+        return Block(heading=heading, note=f"Figure not drawn: {type(error).__name__}: {error}")
+    if chart is None:
+        return Block(heading=heading, note=f"Nothing to draw: {nothing}.")
+    return Block(heading=heading, note=chart.note, chart=chart)
 
 
 # --- sections ------------------------------------------------------------------------------------
@@ -138,7 +211,7 @@ SEED_HEADERS = [
     "batch",
     "baseline samples/s",
     "candidate samples/s",
-    "speedup",
+    "speedup [95% interval]",
     "published",
     "verdict",
 ]
@@ -154,8 +227,10 @@ def seed_section(inputs: ReportInputs) -> Section:
         id="seed-table",
         title="The seed table, measured",
         intro=(
-            "Median throughput over the ok trials of each side (n = ok trials); "
-            "speedup = candidate median / baseline median."
+            "Median throughput over the ok trials of each side (n = ok trials); speedup = "
+            "candidate median / baseline median, with its 95% bootstrap interval. A verdict "
+            "compares the published speedup with that interval, on the device and precision "
+            "named."
         ),
         blocks=blocks,
     )
@@ -167,6 +242,7 @@ def _comparison_block(rows: pd.DataFrame, claims: Mapping[str, Any]) -> Block:
         headers=SEED_HEADERS,
         rows=[_seed_row(row) for row in rows.to_dict("records")],
         numeric=frozenset({2, 3, 4, 5}),
+        wrap=frozenset({6, 7}),
     )
     sides = (
         f"baseline {first['baseline_env']}/{first['baseline_variant']} → "
@@ -181,9 +257,15 @@ def _claim_note(sides: str, row: Mapping[str, Any], claims: Mapping[str, Any]) -
     group = row["claim"]
     if is_blank(group):
         return f"{sides}. No published claim."
-    source = claims.get(group, {})
+    source = claims.get(group) if isinstance(claims.get(group), Mapping) else {}
     details = ", ".join(format_text(source.get(k)) for k in ("source", "setup") if source.get(k))
-    return f"{sides}. Published: {group}" + (f" ({details})." if details else ".")
+    claimed_on = [
+        f"{label} {format_text(row[column])}"
+        for label, column in (("device", "claim_device"), ("precision", "claim_precision"))
+        if not is_blank(row[column])
+    ]
+    note = f"{sides}. Published: {group}" + (f" ({details})" if details else "")
+    return note + (f"; claimed on {', '.join(claimed_on)}." if claimed_on else ".")
 
 
 def _seed_row(row: Mapping[str, Any]) -> list[str]:
@@ -193,11 +275,55 @@ def _seed_row(row: Mapping[str, Any]) -> list[str]:
         format_int(row["batch_size"]),
         format_rate(row["baseline_samples_per_s"], row["baseline_trials"]),
         format_rate(row["candidate_samples_per_s"], row["candidate_trials"]),
-        format_speedup(row["speedup"]),
+        format_speedup_interval(row["speedup"], row["speedup_low"], row["speedup_high"]),
         format_published(
             row["published_speedup"], row["published_baseline"], row["published_candidate"]
         ),
         format_verdict(row["verdict"], row["verdict_reason"]),
+    ]
+
+
+CLAIM_HEADERS = ["claim", "source", "claimed on", "precision", "checked by", "verdicts"]
+
+
+def claims_section(inputs: ReportInputs) -> Section:
+    frame = inputs.speedups
+    rows = [
+        _claim_row(name, group, frame[frame["claim"] == name])
+        for name, group in inputs.claims.items()
+        if isinstance(group, Mapping)
+    ]
+    forest = chart_block(
+        lambda: forest_plot(inputs.speedups), "Speedups", "no comparison has a measured speedup"
+    )
+    claims_table = Table(CLAIM_HEADERS, rows, wrap=frozenset({1, 2, 3, 5}))
+    return Section(
+        id="claims",
+        title="Speedups against the published claims",
+        intro=(
+            "Every measured speedup with its 95% interval (n = ok trials of baseline/candidate); "
+            "a published claim holds on this machine when its figure falls inside the interval."
+        ),
+        blocks=[forest, Block(table=claims_table, heading="Claims")],
+    )
+
+
+def _claim_row(name: str, group: Mapping[str, Any], rows: pd.DataFrame) -> list[str]:
+    comparisons = list(dict.fromkeys(rows["comparison"]))
+    verdicts = (
+        "; ".join(
+            f"{verdict}: {count}" for verdict, count in rows["verdict"].value_counts().items()
+        )
+        if comparisons
+        else "not measured: no comparison in the configuration checks this claim"
+    )
+    return [
+        name,
+        format_text(group.get("source")),
+        format_text(group.get("device")),
+        format_text(group.get("precision")),
+        ", ".join(comparisons) or BLANK,
+        verdicts,
     ]
 
 
@@ -210,9 +336,10 @@ SUMMARY_HEADERS = [
     "image",
     "seq",
     "trials",
-    "median samples/s",
+    "median samples/s [95% interval]",
     "min–max samples/s",
     "cv",
+    "noisy",
     "first step",
     "peak memory",
 ]
@@ -222,16 +349,21 @@ def summary_section(inputs: ReportInputs) -> Section:
     table = Table(
         headers=SUMMARY_HEADERS,
         rows=[_summary_row(row) for row in inputs.summary.to_dict("records")],
-        numeric=frozenset(range(4, 13)),
+        numeric=frozenset({4, 5, 6, 8, 9, 10, 12, 13}),
+        wrap=frozenset({7}),
+    )
+    throughput = chart_block(
+        lambda: cell_dots(inputs.summary, THROUGHPUT), "Throughput", "no cell has an ok trial"
     )
     return Section(
         id="summary",
         title="Every cell",
         intro=(
             "One row per environment, model, variant, mode and size. Statistics use the ok "
-            "trials; cv is the standard deviation over the mean of their throughputs."
+            "trials (n): the median with its distribution-free interval (its coverage shown "
+            "where too few trials reach 95%), cv = standard deviation / mean."
         ),
-        blocks=[Block(table=table)],
+        blocks=[throughput, Block(table=table)],
     )
 
 
@@ -242,72 +374,166 @@ def _summary_row(row: Mapping[str, Any]) -> list[str]:
         *(format_text(row[k]) for k in ("env", "model", "variant", "mode")),
         *(format_int(row[k]) for k in ("batch_size", "image_size", "seq_len")),
         f"{format_int(row['trials'])} ({format_text(row['statuses'])})",
-        format_rate(row["median_samples_per_s"], row["ok_trials"]),
+        format_rate_interval(
+            row["median_samples_per_s"],
+            row["median_low"],
+            row["median_high"],
+            row["median_confidence"],
+            row["ok_trials"],
+        ),
         spread,
         format_fraction_as_percent(row["cv"]),
+        format_flag(row["noisy"]),
         format_seconds(row["median_first_step_s"]),
         format_mib(row["median_peak_memory_bytes"]),
     ]
 
 
-FAILURE_HEADERS = ["env", "model", "variant", "mode", "trial", "status", "reason"]
+def timing_section(inputs: ReportInputs) -> Section:
+    steps = inputs.steps
+    step_block = (
+        chart_block(lambda: step_time_boxes(steps), "Step times", "no ok trial recorded steps")
+        if steps is not None
+        else Block(heading="Step times", note="Nothing to draw: no steps table was given.")
+    )
+    kinds = ", ".join(dict.fromkeys(k for k in inputs.summary["memory_kind"] if not is_blank(k)))
+    return Section(
+        id="timing",
+        title="Step times, memory and compilation",
+        intro=(
+            "Distributions of the measured step times, and the median peak memory and first "
+            "step (compilation included) over the ok trials of each cell; numbers are in the "
+            "table above."
+        ),
+        blocks=[
+            step_block,
+            chart_block(
+                lambda: cell_dots(inputs.summary, PEAK_MEMORY),
+                "Peak memory",
+                "no ok trial measured memory",
+            ),
+            Block(note=f"Memory measured as: {kinds or BLANK}."),
+            chart_block(
+                lambda: cell_dots(inputs.summary, FIRST_STEP),
+                "Compile and first-step time",
+                "no ok trial timed its first step",
+            ),
+        ],
+    )
+
+
+FAILURE_HEADERS = ["env", "model", "variant", "mode", "batch", "trial", "status", "reason"]
+NOISY_HEADERS = ["env", "model", "variant", "mode", "batch", "median samples/s", "cv", "reason"]
 
 
 def failures_section(inputs: ReportInputs) -> Section:
     runs = inputs.runs
     not_ok = runs[runs["status"] != "ok"]
-    table = Table(
+    failures = Table(
         headers=FAILURE_HEADERS,
         rows=[_failure_row(row) for row in not_ok.to_dict("records")],
-        numeric=frozenset({4}),
+        numeric=frozenset({4, 5}),
+        wrap=frozenset({7}),
     )
+    summary = inputs.summary
+    noisy = summary[summary["noisy"].map(is_true)] if len(summary) else summary
+    noise = Table(
+        headers=NOISY_HEADERS,
+        rows=[_noisy_row(row) for row in noisy.to_dict("records")],
+        numeric=frozenset({4, 5, 6}),
+        wrap=frozenset({7}),
+    )
+    counts = status_counts(runs["status"]) or "none"
     return Section(
         id="failures",
-        title="Failures and unsupported cells",
-        intro="Every record whose status is not ok, with its reason.",
-        blocks=[Block(table=table)],
+        title="Failures, unsupported, missing and noisy cells",
+        intro=f"Records by status: {counts}. Every record whose status is not ok, with its reason.",
+        blocks=[
+            Block(table=failures),
+            Block(
+                table=noise,
+                heading="Noisy cells",
+                note=(
+                    f"Cells whose trials vary too much to resolve a small speedup: cv above "
+                    f"{stats.NOISE_CV:.0%} or a median interval wider than "
+                    f"±{stats.NOISE_RELATIVE_HALF_WIDTH:.0%}."
+                ),
+            ),
+        ],
     )
 
 
 def _failure_row(row: Mapping[str, Any]) -> list[str]:
     return [
         *(format_text(row[k]) for k in ("env", "model", "variant", "mode")),
+        format_int(row["batch_size"]),
         format_int(row["trial"]),
         format_text(row["status"]),
         format_text(row["reason"]),
     ]
 
 
+def _noisy_row(row: Mapping[str, Any]) -> list[str]:
+    return [
+        *(format_text(row[k]) for k in ("env", "model", "variant", "mode")),
+        format_int(row["batch_size"]),
+        format_rate_interval(
+            row["median_samples_per_s"],
+            row["median_low"],
+            row["median_high"],
+            row["median_confidence"],
+            row["ok_trials"],
+        ),
+        format_fraction_as_percent(row["cv"]),
+        format_text(row["noisy_reason"]),
+    ]
+
+
 ENVIRONMENT_FIELDS = {
     "torch": "torch",
-    "cuda": "cuda",
-    "device": "device_name",
-    "cpu": "cpu_model",
+    "torchvision": "torchvision",
+    "transformers": "transformers",
+    "CUDA": "cuda",
+    "cuDNN": "cudnn",
+    "GPU": "gpu",
+    "driver": "gpu_driver",
+    "CPU": "cpu_model",
+    "logical CPUs": "cpu_count",
     "threads": "torch_threads",
-    "container image": "container_image",
+    "Python": "python",
+    "container": "container_image",
+    "git commit": "git_commit",
+    "host": "hostname",
 }
 
 
 def environments_section(inputs: ReportInputs) -> Section:
     runs = inputs.runs
-    readable = runs[(runs["status"] != UNREADABLE) & runs["env"].notna()]
+    recorded = runs[~runs["status"].isin(["missing", "unreadable"]) & runs["env"].notna()]
+    recorded = recorded.assign(gpu=recorded["device_name"].where(recorded["device_index"].notna()))
+    environments = sorted(recorded["env"].unique())
     configured = inputs.config.get("environments") or {}
+    kinds = [format_text((configured.get(env) or {}).get("kind")) for env in environments]
+    groups = {env: recorded[recorded["env"] == env] for env in environments}
     rows = [
-        _environment_row(env, (configured.get(env) or {}).get("kind"), records)
-        for env, records in readable.groupby("env", sort=True)
+        ["kind", *kinds],
+        ["records", *(str(len(groups[env])) for env in environments)],
+        *(
+            [label, *(_distinct(groups[env][column]) for env in environments)]
+            for label, column in ENVIRONMENT_FIELDS.items()
+        ),
     ]
-    table = Table(headers=["env", "kind", "records", *ENVIRONMENT_FIELDS], rows=rows)
+    wrap = frozenset(range(1, len(environments) + 1))
+    table = Table(headers=["", *environments], rows=rows if environments else [], wrap=wrap)
     return Section(
         id="environments",
         title="Environments",
-        intro="What each environment really was, as its records report it.",
+        intro=(
+            "What each environment really was, as its records report it (several values: the "
+            "records disagree). GPU is blank for runs on the CPU."
+        ),
         blocks=[Block(table=table)],
     )
-
-
-def _environment_row(env: str, kind: Any, records: pd.DataFrame) -> list[str]:
-    values = [_distinct(records[column]) for column in ENVIRONMENT_FIELDS.values()]
-    return [env, format_text(kind), str(len(records)), *values]
 
 
 def _distinct(values: pd.Series) -> str:
@@ -315,11 +541,67 @@ def _distinct(values: pd.Series) -> str:
     return ", ".join(dict.fromkeys(texts)) or BLANK
 
 
+def method_section(inputs: ReportInputs) -> Section:
+    config = inputs.config
+    steps = config.get("steps") if isinstance(config.get("steps"), Mapping) else {}
+    tolerances = ", ".join(f"{name} {value:.0%}" for name, value in TOLERANCES.items())
+    rows = [
+        ["device class", format_text(config.get("device"))],
+        ["trials per cell", f"{format_text(config.get('trials'))}, each its own process"],
+        ["warm-up steps", f"{format_text(steps.get('warmup'))} (the first holds compilation)"],
+        ["measured steps", format_text(steps.get("measured"))],
+        ["numerics steps", f"{format_text(steps.get('numerics'))} leading steps checked"],
+        ["cell timeout", f"{format_text(config.get('timeout_s'))} s"],
+        ["throughput", "batch size × measured steps / their wall time, one value per trial"],
+        [
+            "median interval",
+            f"distribution-free order-statistic (binomial) interval of the median, "
+            f"{CONFIDENCE:.0%} requested; with 5 trials or fewer it is the range, shown with "
+            "its actual coverage",
+        ],
+        [
+            "speedup interval",
+            f"ratio of median throughputs (candidate / baseline); {CONFIDENCE:.0%} bootstrap "
+            f"percentile interval, both sides resampled independently, {RESAMPLES:,} "
+            f"resamples, seed {SEED}",
+        ],
+        [
+            "significance",
+            f"two-sided Mann–Whitney U test; significant when p < {ALPHA:g} and the interval "
+            "excludes 1",
+        ],
+        [
+            "noisy",
+            f"cv > {stats.NOISE_CV:.0%} or median interval half-width > "
+            f"{stats.NOISE_RELATIVE_HALF_WIDTH:.0%} of the median",
+        ],
+        [
+            "verdict",
+            "consistent with the claim: the published speedup lies in the interval; below / "
+            "above the claim: the interval lies above / below it; not measured: the reason",
+        ],
+        [
+            "numerics tolerance",
+            f"relative error against eager fp64 (else fp32): {tolerances}; allowed = "
+            f"max(tolerance, {FP32_ERROR_MULTIPLIER:g} × eager fp32's own error)",
+        ],
+    ]
+    return Section(
+        id="method",
+        title="Method",
+        intro="How the numbers above were made.",
+        blocks=[Block(table=Table(headers=["", "setting"], rows=rows, wrap=frozenset({1})))],
+    )
+
+
 SECTION_BUILDERS: list[Callable[[ReportInputs], Section]] = [
     seed_section,
+    claims_section,
     summary_section,
+    timing_section,
     failures_section,
     environments_section,
+    method_section,
 ]
 
 
@@ -338,15 +620,20 @@ def render(
     claims: Mapping[str, Any],
     out_dir: str | Path,
     templates_dir: str | Path | None = None,
+    steps: pd.DataFrame | None = None,
 ) -> list[Path]:
     """Write ``index.html`` and ``report.md`` into ``out_dir``; return their paths.
 
-    Raises ValueError when a table lacks a column the report shows (extra columns are fine).
+    ``steps`` (the per-step table) feeds the step-time figure; without it the figure is
+    replaced by a note. Raises ValueError when a table lacks a column the report shows (extra
+    columns are fine).
     """
     check_columns(runs, RUNS_COLUMNS, "runs")
     check_columns(summary, SUMMARY_COLUMNS, "summary")
     check_columns(speedups, SPEEDUP_COLUMNS, "speedups")
-    inputs = ReportInputs(runs, summary, speedups, config, claims)
+    if steps is not None:
+        check_columns(steps, STEPS_COLUMNS, "steps")
+    inputs = ReportInputs(runs, summary, speedups, config, claims, steps)
     sections = build_sections(inputs)
     environment = template_environment(templates_dir)
     outputs = {"index.html": HTML_TEMPLATE, "report.md": MARKDOWN_TEMPLATE}

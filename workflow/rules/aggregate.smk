@@ -1,4 +1,4 @@
-# Aggregation: every record of the matrix into tidy tables (runs, summary, speedups).
+# Aggregation: every record of the matrix into tidy tables (runs, steps, summary, speedups).
 
 
 rule effective_config:
@@ -34,6 +34,11 @@ rule aggregate:
         speedups=report(
             f"{RESULTS}/tables/speedups.csv",
             caption="../../report/captions/speedups.rst",
+            category="Tables",
+        ),
+        steps=report(
+            f"{RESULTS}/tables/steps.csv",
+            caption="../../report/captions/steps.rst",
             category="Tables",
         ),
     log:

@@ -6,6 +6,7 @@ rule report:
         runs=rules.aggregate.output.runs,
         summary=rules.aggregate.output.summary,
         speedups=rules.aggregate.output.speedups,
+        steps=rules.aggregate.output.steps,
         config=rules.effective_config.output,
         claims="config/claims.yaml",
     output:
@@ -25,5 +26,6 @@ rule report:
         out_dir=lambda wildcards, output: Path(output.html).parent,
     shell:
         "{params.python} scripts/render_report.py --runs {input.runs:q} --summary {input.summary:q}"
-        " --speedups {input.speedups:q} --config {input.config:q} --claims {input.claims:q}"
+        " --speedups {input.speedups:q} --steps {input.steps:q} --config {input.config:q}"
+        " --claims {input.claims:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

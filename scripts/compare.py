@@ -1,0 +1,102 @@
+"""Compare two result sets cell by cell, like ``asv compare``; exit 1 on a significant slowdown.
+
+    python scripts/compare.py OLD NEW [--threshold 0.05] [--only-changed] [--out table.md|.csv]
+
+OLD and NEW are runs.csv files or directories holding runs.csv or tables/runs.csv. Prints one
+row per cell: a mark (``+`` significantly faster, ``-`` significantly slower, blank unchanged,
+``x`` not comparable), both medians with their ok trials, the ratio new / old with its 95%
+bootstrap interval, and the Mann–Whitney p-value. Exit status: 0 none slower, 1 at least one
+cell significantly slower by more than the threshold, 2 bad input (one ``error:`` line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import pandas as pd
+
+from ptspeed.compare import (
+    DEFAULT_THRESHOLD,
+    DISPLAY_HEADERS,
+    SAME,
+    as_markdown,
+    as_text,
+    compare_runs,
+    display_rows,
+    read_runs,
+    regressions,
+    verdict_line,
+)
+from ptspeed.record import write_atomic
+
+EXIT_SLOWER = 1
+EXIT_BAD_INPUT = 2
+OUT_SUFFIXES = (".csv", ".md")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as bad input: one ``error:`` line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"error: {message}\n")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = _Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("old", help="the reference result set (runs.csv or a results directory)")
+    parser.add_argument("new", help="the result set to judge")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help="smallest relative change that counts (default 0.05: 5%%)",
+    )
+    parser.add_argument(
+        "--only-changed", action="store_true", help="print only faster, slower and missing cells"
+    )
+    parser.add_argument(
+        "--out", action="append", default=[], help="also write the table here (.csv or .md)"
+    )
+    return parser.parse_args(argv)
+
+
+def write_outputs(compared: pd.DataFrame, rows: list[list[str]], paths: list[str]) -> None:
+    for path in map(Path, paths):
+        if path.suffix == ".csv":
+            write_atomic(path, compared.to_csv(index=False))
+        else:
+            write_atomic(path, as_markdown(DISPLAY_HEADERS, rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        unknown = [out for out in args.out if Path(out).suffix not in OUT_SUFFIXES]
+        if unknown:
+            raise ValueError(f"--out {unknown[0]}: write .csv or .md")
+        compared = compare_runs(read_runs(args.old), read_runs(args.new), args.threshold)
+        shown = compared[compared["mark"] != SAME] if args.only_changed else compared
+        rows = display_rows(shown)
+        print(as_text(DISPLAY_HEADERS, rows), end="")
+        print(verdict_line(compared))
+        write_outputs(compared, display_rows(compared), args.out)
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as error:  # a bug, but still one line for the user, never a traceback
+        print(f"error: unexpected {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    slower = regressions(compared)
+    if len(slower):
+        print(f"{len(slower)} cell(s) significantly slower by more than {args.threshold:.0%}")
+        return EXIT_SLOWER
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

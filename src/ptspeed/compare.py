@@ -1,0 +1,286 @@
+"""Compare two result sets cell by cell, in the manner of ``asv compare``.
+
+Two runs (two machines, before and after a change) each give a ``runs.csv``. Cells are matched
+on environment, model, variant, mode and sizes; for each cell present on both sides the ratio
+new / old of median throughput is given with its bootstrap interval and Mann–Whitney p-value
+(:func:`ptspeed.aggregate.bootstrap_speedup`, the same numbers as :func:`ptspeed.stats.speedup`),
+and a mark:
+
+* ``+`` significantly faster: the change is significant and the ratio above ``1 + threshold``;
+* ``-`` significantly slower: significant and the ratio below ``1 - threshold``;
+* `` `` (blank) no significant change, or one within the threshold, or too few trials to test;
+* ``x`` not comparable: absent from one side, or without ok trials there.
+
+A cell counts as a regression (``-``) only when both the test and the interval say so and the
+drop exceeds the threshold, so that noise alone does not fail a CI job.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ptspeed import stats
+from ptspeed.aggregate import CELL_KEYS, bootstrap_speedup, read_table, status_counts
+
+FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
+DEFAULT_THRESHOLD = 0.05
+REQUIRED_COLUMNS = [*CELL_KEYS, "status", "throughput_samples_per_s"]
+COMPARE_COLUMNS = [
+    "mark",
+    *CELL_KEYS,
+    "old_samples_per_s",
+    "old_trials",
+    "new_samples_per_s",
+    "new_trials",
+    "ratio",
+    "ratio_low",
+    "ratio_high",
+    "p_value",
+    "significant",
+    "change",
+]
+
+
+class InputError(ValueError):
+    """A result set that cannot be compared; the message names the path and the problem."""
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def runs_csv_of(path: str | Path) -> Path:
+    """The runs table a path stands for: the file itself, or ``runs.csv`` or
+    ``tables/runs.csv`` in a directory (a results directory or its tables)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        for candidate in (path / "runs.csv", path / "tables" / "runs.csv"):
+            if candidate.is_file():
+                return candidate
+        raise InputError(f"{path}: no runs.csv or tables/runs.csv in this directory")
+    raise InputError(f"{path}: no such file or directory")
+
+
+def read_runs(path: str | Path) -> pd.DataFrame:
+    """The runs table of a result set, checked for the columns a comparison needs."""
+    csv = runs_csv_of(path)
+    try:
+        runs = read_table(csv)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise InputError(f"{csv}: not a runs table ({error})") from error
+    missing = [column for column in REQUIRED_COLUMNS if column not in runs.columns]
+    if missing:
+        raise InputError(f"{csv}: not a runs table, lacks columns: {', '.join(missing)}")
+    return runs
+
+
+# --- comparing -----------------------------------------------------------------------------------
+
+
+def compare_runs(
+    old: pd.DataFrame, new: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD
+) -> pd.DataFrame:
+    """One row per cell of either side (sorted by cell), columns :data:`COMPARE_COLUMNS`.
+
+    ``ratio`` is new / old median throughput over the ok trials; above 1 means faster.
+    """
+    if not 0.0 <= threshold < 1.0:
+        raise InputError(f"threshold must lie in [0, 1), got {threshold}")
+    old_cells, new_cells = cells_of(old), cells_of(new)
+    keys = sorted(old_cells.keys() | new_cells.keys(), key=_sort_key)
+    rows = [_compared(key, old_cells.get(key), new_cells.get(key), threshold) for key in keys]
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+
+
+def cells_of(runs: pd.DataFrame) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Per cell: its ok throughputs (finite, positive) and all its statuses. Rows whose cell is
+    unknown (an unreadable file outside the workflow's layout) cannot be matched and are left
+    out."""
+    known = runs[runs["env"].notna()]
+    rates = pd.to_numeric(known["throughput_samples_per_s"], errors="coerce")
+    cells: dict[tuple[Any, ...], dict[str, Any]] = {}
+    columns = [known[key].tolist() for key in CELL_KEYS]
+    for *key, status, rate in zip(*columns, known["status"], rates, strict=True):
+        cell = cells.setdefault(tuple(_plain(v) for v in key), {"rates": [], "statuses": []})
+        cell["statuses"].append(status)
+        if status == "ok" and math.isfinite(rate) and rate > 0:
+            cell["rates"].append(float(rate))
+    return cells
+
+
+def _plain(value: Any) -> Any:
+    """A key part that compares equal across the two tables (NaN != NaN would split cells)."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    # Blanks last; numbers before text, so that a stray text size never meets an int.
+    return tuple((v is None, isinstance(v, str), 0 if v is None else v) for v in key)
+
+
+def _compared(
+    key: tuple[Any, ...],
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None,
+    threshold: float,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        **dict(zip(CELL_KEYS, key, strict=True)),
+        **_side("old", old),
+        **_side("new", new),
+        "ratio": math.nan,
+        "ratio_low": math.nan,
+        "ratio_high": math.nan,
+        "p_value": math.nan,
+        "significant": False,
+    }
+    absent = _why_not_comparable(old, new)
+    if absent:
+        return {**row, "mark": NOT_COMPARABLE, "change": absent}
+    ratio = bootstrap_speedup(old["rates"], new["rates"])
+    row.update(
+        ratio=ratio.estimate,
+        ratio_low=ratio.low,
+        ratio_high=ratio.high,
+        p_value=ratio.p_value,
+        significant=ratio.significant,
+    )
+    mark, change = _judged(ratio, threshold)
+    return {**row, "mark": mark, "change": change}
+
+
+def _side(prefix: str, cell: Mapping[str, Any] | None) -> dict[str, Any]:
+    rates = cell["rates"] if cell else []
+    median = statistics.median(rates) if rates else math.nan
+    return {f"{prefix}_samples_per_s": median, f"{prefix}_trials": len(rates)}
+
+
+def _why_not_comparable(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> str:
+    reasons = []
+    for name, cell in (("old", old), ("new", new)):
+        if cell is None:
+            reasons.append(f"not in {name}")
+        elif not cell["rates"]:
+            reasons.append(f"no ok trials in {name} ({status_counts(pd.Series(cell['statuses']))})")
+    return "; ".join(reasons)
+
+
+def _judged(ratio: stats.Ratio, threshold: float) -> tuple[str, str]:
+    if math.isnan(ratio.low):
+        return SAME, "too few ok trials for a test (2 per side needed)"
+    if not ratio.significant:
+        floor = smallest_p_value(ratio.n_baseline, ratio.n_candidate)
+        if floor >= ratio.alpha:
+            return SAME, (
+                f"too few ok trials to detect a change ({ratio.n_baseline} and "
+                f"{ratio.n_candidate}: p >= {floor:.2g} whatever they measure)"
+            )
+        return SAME, "no significant change"
+    if ratio.estimate > 1.0 + threshold:
+        return FASTER, "faster"
+    if ratio.estimate < 1.0 - threshold:
+        return SLOWER, "slower"
+    return SAME, f"significant, but within the {threshold:.0%} threshold"
+
+
+def smallest_p_value(n_old: int, n_new: int) -> float:
+    """The smallest two-sided Mann–Whitney p-value any data can give with these trial counts
+    (complete separation): ``2 / C(n_old + n_new, n_old)``. With 3 trials a side it is 0.1, so
+    no change can ever be significant at 0.05."""
+    return min(1.0, 2.0 / math.comb(n_old + n_new, n_old))
+
+
+def regressions(compared: pd.DataFrame) -> pd.DataFrame:
+    """The cells that got significantly slower by more than the threshold."""
+    return compared[compared["mark"] == SLOWER]
+
+
+def verdict_line(compared: pd.DataFrame) -> str:
+    """E.g. ``"12 cells: 1 faster, 2 slower, 8 unchanged, 1 not comparable"``."""
+    counts = compared["mark"].value_counts()
+    parts = [
+        f"{counts.get(FASTER, 0)} faster",
+        f"{counts.get(SLOWER, 0)} slower",
+        f"{counts.get(SAME, 0)} unchanged",
+        f"{counts.get(NOT_COMPARABLE, 0)} not comparable",
+    ]
+    return f"{len(compared)} cells: " + ", ".join(parts)
+
+
+# --- showing -------------------------------------------------------------------------------------
+
+DISPLAY_HEADERS = [
+    "",
+    "old samples/s",
+    "new samples/s",
+    "ratio [95% interval]",
+    "p",
+    "cell",
+    "change",
+]
+
+
+def display_rows(compared: pd.DataFrame) -> list[list[str]]:
+    """The comparison as text: every rate with its ok trials, every ratio with its interval."""
+    return [
+        [
+            row["mark"],
+            _rate(row["old_samples_per_s"], row["old_trials"]),
+            _rate(row["new_samples_per_s"], row["new_trials"]),
+            _ratio(row["ratio"], row["ratio_low"], row["ratio_high"]),
+            "" if math.isnan(row["p_value"]) else f"{row['p_value']:.3g}",
+            cell_label(row),
+            row["change"],
+        ]
+        for row in compared.to_dict("records")
+    ]
+
+
+def cell_label(row: Mapping[str, Any]) -> str:
+    sizes = "-".join(
+        f"{letter}{_integer(row[key])}"
+        for letter, key in (("b", "batch_size"), ("i", "image_size"), ("s", "seq_len"))
+    )
+    return f"{row['env']}/{row['model']}/{row['variant']}/{row['mode']}/{sizes}"
+
+
+def _integer(value: Any) -> str:
+    return "?" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _rate(median: float, trials: int) -> str:
+    return f"{'—' if math.isnan(median) else f'{median:.1f}'} (n={trials})"
+
+
+def _ratio(ratio: float, low: float, high: float) -> str:
+    if math.isnan(ratio):
+        return "—"
+    interval = "no interval" if math.isnan(low) else f"{low:.2f}–{high:.2f}"
+    return f"{ratio:.2f} [{interval}]"
+
+
+def as_text(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A fixed-width table for a terminal, the last column left unpadded."""
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers) - 1)]
+    lines = []
+    for cells in [headers, *rows]:
+        padded = [cell.ljust(width) for cell, width in zip(cells, widths, strict=False)]
+        lines.append("  ".join([*padded, cells[-1]]).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def as_markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") or " " for c in cells) + " |"
+
+    rule = "|" + "|".join(" --- " for _ in headers) + "|"
+    return "\n".join([line(["mark", *headers[1:]]), rule, *map(line, rows)]) + "\n"

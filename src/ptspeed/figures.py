@@ -1,0 +1,386 @@
+"""The report's figures: seaborn-styled matplotlib charts as self-contained PNG data URIs.
+
+Each function takes an aggregated table (as read back from its CSV) and returns a
+:class:`Chart`, or None when there is nothing to draw. Figures are drawn on
+``matplotlib.figure.Figure`` objects with the Agg canvas, never through pyplot, so nothing
+global is left behind and no display is needed.
+
+Per-cell figures are one axes each: a bold heading row per model, mode and batch size, then one
+row per environment / variant, its point or box coloured the same in every figure. One axes
+rather than a panel per model keeps drawing fast (matplotlib's cost is per axes) and the figure
+narrow enough for a phone; where values span more than a decade the axis is logarithmic, so
+that every model's differences stay visible. Every row's label gives the number of trials it
+came from.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.transforms import blended_transform_factory
+
+WIDTH_IN = 6.4
+FONT = 9
+CHAR_IN = 0.07  # about the width of a 9-point character, in inches
+MAX_LABEL_SHARE = 0.55
+DPI = 110
+ROW_IN = 0.24
+PAD_IN = 1.0
+MAX_ROWS = 48
+LOG_SPAN = 10.0
+GROUP_KEYS = ["model", "mode", "batch_size", "image_size", "seq_len"]
+CLAIM_COLOUR = "crimson"
+BYTES_PER_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One embedded figure: a PNG data URI, its alt text, and a note on what was left out."""
+
+    alt: str
+    data_uri: str
+    note: str = ""
+
+
+def series_label(env: Any, variant: Any) -> str:
+    return f"{env} / {variant}"
+
+
+def series_colours(labels: Sequence[str]) -> dict[str, tuple[float, float, float]]:
+    """One colour per environment / variant, in order of first appearance."""
+    distinct = list(dict.fromkeys(labels))
+    palette = sns.color_palette("colorblind", max(len(distinct), 1))
+    return {label: palette[i % len(palette)] for i, label in enumerate(distinct)}
+
+
+# --- speedups ------------------------------------------------------------------------------------
+
+
+def forest_plot(speedups: pd.DataFrame) -> Chart | None:
+    """Each measured speedup with its interval, 1 (no change) and the published claims marked."""
+    rows = speedups[pd.to_numeric(speedups["speedup"], errors="coerce").notna()]
+    if rows.empty:
+        return None
+    shown = rows.head(MAX_ROWS).to_dict("records")
+    colours = series_colours([str(r["comparison"]) for r in shown])
+    labels = [_forest_label(r) for r in shown]
+    figure, ax = _figure(len(shown), labels)
+    points = [
+        Point(position, float(row["speedup"]), colours[str(row["comparison"])],
+              _number(row["speedup_low"]), _number(row["speedup_high"]))
+        for position, row in enumerate(shown)
+    ]  # fmt: skip
+    _draw_points(ax, points, hollow_without_interval=True)
+    claimed = [(p, _number(r["published_speedup"])) for p, r in enumerate(shown)]
+    claimed = [(p, value) for p, value in claimed if math.isfinite(value)]
+    if claimed:
+        positions, values = zip(*claimed, strict=True)
+        ax.plot(values, positions, "D", color=CLAIM_COLOUR, markersize=5, linestyle="none")
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    _row_labels(ax, labels)
+    ax.set_ylim(len(shown) - 0.5, -0.5)
+    ax.tick_params(axis="x", labelsize=FONT)
+    ax.set_xlabel(
+        "speedup = candidate / baseline median\n(95% interval; red diamond: published claim)",
+        fontsize=FONT,
+    )
+    alt = (
+        "Forest plot: the speedup of each comparison and model as a point with its 95% "
+        "bootstrap interval, a dashed line at no change, published claims as red diamonds."
+    )
+    return Chart(alt, _data_uri(figure), _left_out(len(rows), len(shown), "speedups"))
+
+
+def _forest_label(row: Mapping[str, Any]) -> str:
+    counts = f"n={_count(row['baseline_trials'])}/{_count(row['candidate_trials'])}"
+    return f"{row['comparison']}: {row['model']} ({row['mode']}, {counts})"
+
+
+# --- per-cell values -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DotSpec:
+    """What a per-cell dot plot shows of each summary row."""
+
+    value: str
+    xlabel: str
+    alt: str
+    scale: float = 1.0
+    low: str = ""
+    high: str = ""
+
+
+THROUGHPUT = DotSpec(
+    value="median_samples_per_s",
+    low="median_low",
+    high="median_high",
+    xlabel="median throughput (samples/s) with the interval of the median",
+    alt=(
+        "Dot plot grouped by model, mode and batch size: the median throughput of each "
+        "environment and variant, with the confidence interval of the median as error bars."
+    ),
+)
+PEAK_MEMORY = DotSpec(
+    value="median_peak_memory_bytes",
+    scale=1 / BYTES_PER_MIB,
+    xlabel="median peak memory (MiB)",
+    alt=(
+        "Dot plot grouped by model, mode and batch size: the median peak memory of each "
+        "environment and variant."
+    ),
+)
+FIRST_STEP = DotSpec(
+    value="median_first_step_s",
+    xlabel="median first step, compilation included (s)",
+    alt=(
+        "Dot plot grouped by model, mode and batch size: the median time of the first step, "
+        "compilation included, of each environment and variant."
+    ),
+)
+
+
+def cell_dots(summary: pd.DataFrame, spec: DotSpec) -> Chart | None:
+    """``spec.value`` of every cell with ok trials as a point (with its interval where ``spec``
+    names one), labelled with the cell's ok trials."""
+    frame = _with_series(summary).assign(
+        _value=pd.to_numeric(summary[spec.value], errors="coerce") * spec.scale
+    )
+    frame = frame[(frame["_value"] > 0) & (frame["ok_trials"].fillna(0) > 0)]
+    if frame.empty:
+        return None
+    counts = [f"(n={_count(n)})" for n in frame["ok_trials"]]
+    frame = frame.assign(_label=[f"{s} {n}" for s, n in zip(frame["_series"], counts, strict=True)])
+    layout = _grouped_rows(frame)
+    colours = series_colours(frame["_series"].tolist())
+    figure, ax = _figure(len(layout.labels), layout.labels)
+    low, high = (
+        pd.to_numeric(frame[column], errors="coerce") * spec.scale
+        if column
+        else pd.Series(math.nan, index=frame.index)
+        for column in (spec.low, spec.high)
+    )
+    points = [
+        Point(position, frame.at[index, "_value"], colours[frame.at[index, "_series"]],
+              low[index], high[index])
+        for position, index in layout.items
+    ]  # fmt: skip
+    _draw_points(ax, points)
+    _finish_rows(ax, layout, frame["_value"], spec.xlabel)
+    note = _left_out(len(frame), len(layout.items), "cells")
+    return Chart(spec.alt, _data_uri(figure), note)
+
+
+# --- step times ----------------------------------------------------------------------------------
+
+
+def step_time_boxes(steps: pd.DataFrame) -> Chart | None:
+    """Box plots of the measured step times of every cell, over all its ok trials; each box is
+    labelled with its trials and steps."""
+    frame = _with_series(steps).assign(
+        _value=pd.to_numeric(steps["step_time_s"], errors="coerce") * 1000.0
+    )
+    frame = frame[frame["_value"] > 0]
+    if frame.empty:
+        return None
+    cells = frame.groupby([*GROUP_KEYS, "env", "variant"], sort=False, dropna=False)
+    first_rows = frame.loc[cells.head(1).index]
+    trials, step_counts = cells["trial"].transform("nunique"), cells["_value"].transform("size")
+    first_rows = first_rows.assign(
+        _label=[
+            f"{series} (n={trials[i]}, {step_counts[i]} steps)"
+            for series, i in zip(first_rows["_series"], first_rows.index, strict=True)
+        ]
+    )
+    layout = _grouped_rows(first_rows)
+    keys = {index: f"row{position}" for position, index in layout.items}
+    shown = first_rows.loc[list(keys)]
+    frame = frame.merge(
+        shown[[*GROUP_KEYS, "env", "variant"]].assign(_row=list(keys.values())),
+        on=[*GROUP_KEYS, "env", "variant"],
+    )
+    colours = series_colours(first_rows["_series"].tolist())
+    figure, ax = _figure(len(layout.labels), layout.labels)
+    order = [keys.get(index, f"heading{p}") for p, index in enumerate(layout.row_index)]
+    with warnings.catch_warnings():
+        # seaborn 0.13 hands matplotlib 3.11 the deprecated ``vert``: its problem, not the reader's.
+        warnings.filterwarnings("ignore", message="vert: bool was deprecated")
+        _boxes(ax, frame, order, colours)
+    _finish_rows(ax, layout, frame["_value"], "measured step time (ms)")
+    alt = (
+        "Box plots grouped by model, mode and batch size: the distribution of the measured "
+        "step times of each environment and variant over all its ok trials."
+    )
+    note = _left_out(len(first_rows), len(layout.items), "cells")
+    return Chart(alt, _data_uri(figure), note)
+
+
+def _boxes(ax: Axes, frame: pd.DataFrame, order: list[str], colours: Mapping[str, Any]) -> None:
+    sns.boxplot(
+        data=frame,
+        x="_value",
+        y="_row",
+        hue="_series",
+        order=order,
+        hue_order=list(colours),
+        palette=colours,
+        orient="h",
+        dodge=False,
+        fliersize=1.5,
+        linewidth=0.8,
+        width=0.7,
+        legend=False,
+        ax=ax,
+    )
+
+
+# --- shared --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    """One row's value, with its interval where it has one (NaN ends: none)."""
+
+    position: int
+    value: float
+    colour: Any
+    low: float = math.nan
+    high: float = math.nan
+
+
+def _draw_points(ax: Axes, points: Sequence[Point], hollow_without_interval: bool = False) -> None:
+    """One artist per colour and kind rather than per point: drawing cost is per artist."""
+    groups: dict[tuple[Any, bool], list[Point]] = {}
+    for point in points:
+        has_interval = _finite(point.low) and _finite(point.high)
+        groups.setdefault((point.colour, has_interval), []).append(point)
+    for (colour, has_interval), group in groups.items():
+        values, positions = [p.value for p in group], [p.position for p in group]
+        if has_interval:
+            below = [max(p.value - p.low, 0.0) for p in group]
+            above = [max(p.high - p.value, 0.0) for p in group]
+            ax.errorbar(values, positions, xerr=[below, above], fmt="o", color=colour,
+                        capsize=2, markersize=5)  # fmt: skip
+        else:
+            face = "none" if hollow_without_interval else colour
+            ax.plot(values, positions, "o", color=colour, markerfacecolor=face, markersize=5,
+                    linestyle="none")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """The rows of a grouped figure: y labels, which are headings, and which frame index each
+    data row shows (``row_index`` is None on heading rows)."""
+
+    labels: list[str]
+    headings: list[int]
+    row_index: list[Any]
+
+    @property
+    def items(self) -> list[tuple[int, Any]]:
+        return [(p, index) for p, index in enumerate(self.row_index) if index is not None]
+
+
+def _with_series(frame: pd.DataFrame) -> pd.DataFrame:
+    labels = [series_label(e, v) for e, v in zip(frame["env"], frame["variant"], strict=True)]
+    return frame.assign(_series=labels)
+
+
+def _grouped_rows(frame: pd.DataFrame) -> RowLayout:
+    """A heading row per model, mode and size, then a row per environment / variant, up to
+    :data:`MAX_ROWS` data rows."""
+    labels: list[str] = []
+    headings: list[int] = []
+    row_index: list[Any] = []
+    shown = 0
+    for key, rows in frame.groupby(GROUP_KEYS, sort=True, dropna=False):
+        if shown >= MAX_ROWS:
+            break
+        model, mode, batch, *_ = key
+        headings.append(len(labels))
+        labels.append(f"{model} · {mode} · batch {_count(batch)}")
+        row_index.append(None)
+        for index in rows.sort_values("_series").index[: MAX_ROWS - shown]:
+            labels.append(frame.at[index, "_label"])
+            row_index.append(index)
+            shown += 1
+    return RowLayout(labels, headings, row_index)
+
+
+def _finish_rows(ax: Axes, layout: RowLayout, values: pd.Series, xlabel: str) -> None:
+    _row_labels(ax, layout.labels, bold=layout.headings)
+    for position in layout.headings:
+        ax.axhline(position - 0.5, color="grey", linewidth=0.5)
+    ax.set_ylim(len(layout.labels) - 0.5, -0.5)
+    ax.set_ylabel("")
+    ax.set_xlabel(xlabel, fontsize=FONT)
+    ax.tick_params(axis="x", labelsize=FONT)
+    positive = values[values > 0]
+    if len(positive) and positive.max() / positive.min() > LOG_SPAN:
+        ax.set_xscale("log")
+
+
+def _row_labels(ax: Axes, labels: Sequence[str], bold: Sequence[int] = ()) -> None:
+    """Row labels as plain text left of the axes, with a faint line per row: matplotlib's tick
+    machinery costs several times more per label, seconds for a large report."""
+    ax.set_yticks([])
+    ax.grid(False, axis="y")
+    left_of_axes = blended_transform_factory(ax.transAxes, ax.transData)
+    for position, label in enumerate(labels):
+        weight = "bold" if position in bold else "normal"
+        ax.text(-0.015, position, label, transform=left_of_axes, ha="right", va="center",
+                fontsize=FONT, fontweight=weight)  # fmt: skip
+    ax.hlines(range(len(labels)), 0, 1, transform=left_of_axes, colors="0.92", linewidth=0.8)
+
+
+def _figure(rows: int, labels: Sequence[str]) -> tuple[Figure, Axes]:
+    """One axes with room on the left for ``labels`` (fixed margins: matplotlib's layout
+    engines cost seconds)."""
+    height = ROW_IN * rows + PAD_IN
+    with sns.axes_style("whitegrid"):
+        figure = Figure(figsize=(WIDTH_IN, height), dpi=DPI)
+        FigureCanvasAgg(figure)
+        ax = figure.add_subplot()
+    label_in = max((len(label) for label in labels), default=0) * CHAR_IN + 0.15
+    left = min(label_in / WIDTH_IN, MAX_LABEL_SHARE)
+    right = 1 - 0.25 / WIDTH_IN
+    figure.subplots_adjust(left=left, right=right, top=1 - 0.15 / height, bottom=0.65 / height)
+    return figure, ax
+
+
+def _data_uri(figure: Figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _left_out(total: int, shown: int, what: str) -> str:
+    if total <= shown:
+        return ""
+    return f"Showing the first {shown} of {total} {what}; the tables hold all of them."
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _number(value: Any) -> float:
+    return float(value) if _finite(value) else math.nan
+
+
+def _count(value: Any) -> str:
+    return str(int(value)) if _finite(value) else "?"

@@ -1,0 +1,330 @@
+"""Comparing two result sets: marks, intervals, exit status, bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pandas as pd
+import pytest
+from test_aggregate import write_fixture_records
+
+from ptspeed import stats
+from ptspeed.aggregate import load_tables
+from ptspeed.compare import (
+    COMPARE_COLUMNS,
+    DISPLAY_HEADERS,
+    FASTER,
+    NOT_COMPARABLE,
+    SAME,
+    SLOWER,
+    InputError,
+    compare_runs,
+    read_runs,
+    smallest_p_value,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "compare.py"
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("compare_script", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compare_script = load_script()
+
+
+def trials(centre: float, n: int, spread: float = 0.01, seed: int = 0) -> list[float]:
+    """``n`` throughputs around ``centre``, within ±spread (relative)."""
+    rng = random.Random(seed)
+    return [centre * (1 + rng.uniform(-spread, spread)) for _ in range(n)]
+
+
+def runs_frame(cells: dict[str, list[Any]]) -> pd.DataFrame:
+    """A runs table: per model name, its trials (a number is an ok throughput, a text a status)."""
+    rows = []
+    for model, values in cells.items():
+        for trial, value in enumerate(values):
+            ok = not isinstance(value, str)
+            rows.append(
+                {
+                    "env": "torch-2.0",
+                    "model": model,
+                    "variant": "eager",
+                    "mode": "train",
+                    "batch_size": 8,
+                    "image_size": 224,
+                    "seq_len": 128,
+                    "trial": trial,
+                    "status": "ok" if ok else value,
+                    "throughput_samples_per_s": value if ok else math.nan,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def write_runs(path: Path, cells: dict[str, list[Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    runs_frame(cells).to_csv(path, index=False)
+    return path
+
+
+def row_of(compared: pd.DataFrame, model: str) -> dict[str, Any]:
+    [row] = compared[compared["model"] == model].to_dict("records")
+    return row
+
+
+OLD = {
+    "slower": trials(100, 10, seed=1),
+    "faster": trials(100, 10, seed=2),
+    "same": trials(100, 10, spread=0.05, seed=3),
+    "nudged": trials(100, 10, seed=4),
+    "gone": trials(100, 5, seed=5),
+    "broken": trials(100, 5, seed=6),
+    "few": trials(100, 3, seed=7),
+    "single": [100.0],
+}
+NEW = {
+    "slower": trials(80, 10, seed=11),
+    "faster": trials(130, 10, seed=12),
+    "same": trials(100, 10, spread=0.05, seed=13),
+    "nudged": trials(103, 10, seed=14),  # significant, but within 5 %
+    "broken": ["failed", "failed", "oom"],
+    "few": trials(50, 3, seed=17),
+    "single": [200.0],
+    "added": trials(100, 5, seed=18),
+}
+
+
+@pytest.fixture(scope="module")
+def compared() -> pd.DataFrame:
+    return compare_runs(runs_frame(OLD), runs_frame(NEW))
+
+
+def test_one_row_per_cell_of_either_side(compared: pd.DataFrame) -> None:
+    assert list(compared.columns) == COMPARE_COLUMNS
+    assert sorted(compared["model"]) == sorted(OLD.keys() | NEW.keys())
+
+
+def test_significantly_slower_and_faster(compared: pd.DataFrame) -> None:
+    slower, faster = row_of(compared, "slower"), row_of(compared, "faster")
+    assert (slower["mark"], slower["change"]) == (SLOWER, "slower")
+    assert (faster["mark"], faster["change"]) == (FASTER, "faster")
+    assert slower["ratio_high"] < 1 < faster["ratio_low"]
+    assert slower["p_value"] < 0.05 and slower["significant"]
+
+
+def test_ratio_and_interval_are_the_stats_modules(compared: pd.DataFrame) -> None:
+    row = row_of(compared, "slower")
+    expected = stats.speedup(OLD["slower"], NEW["slower"])
+    assert row["ratio"] == expected.estimate
+    assert (row["ratio_low"], row["ratio_high"]) == (expected.low, expected.high)
+    assert row["p_value"] == expected.p_value
+    assert row["old_samples_per_s"] == stats.summarise(OLD["slower"]).median
+    assert (row["old_trials"], row["new_trials"]) == (10, 10)
+
+
+def test_noise_is_not_a_change(compared: pd.DataFrame) -> None:
+    row = row_of(compared, "same")
+    assert (row["mark"], row["change"]) == (SAME, "no significant change")
+    assert row["ratio_low"] <= 1 <= row["ratio_high"]
+
+
+def test_significant_change_within_the_threshold_is_not_marked(compared: pd.DataFrame) -> None:
+    row = row_of(compared, "nudged")
+    assert row["significant"]
+    assert (row["mark"], row["change"]) == (SAME, "significant, but within the 5% threshold")
+    strict = row_of(compare_runs(runs_frame(OLD), runs_frame(NEW), threshold=0.01), "nudged")
+    assert strict["mark"] == FASTER
+
+
+def test_cells_missing_on_one_side_are_not_comparable(compared: pd.DataFrame) -> None:
+    gone, added, broken = (row_of(compared, m) for m in ("gone", "added", "broken"))
+    assert (gone["mark"], gone["change"]) == (NOT_COMPARABLE, "not in new")
+    assert (added["mark"], added["change"]) == (NOT_COMPARABLE, "not in old")
+    assert (broken["mark"], broken["change"]) == (
+        NOT_COMPARABLE,
+        "no ok trials in new (failed:2 oom:1)",
+    )
+    assert (broken["old_trials"], broken["new_trials"]) == (5, 0)
+    assert math.isnan(broken["ratio"]) and not broken["significant"]
+
+
+def test_too_few_trials_are_said_to_be_too_few(compared: pd.DataFrame) -> None:
+    few, single = row_of(compared, "few"), row_of(compared, "single")
+    assert few["ratio"] == pytest.approx(0.5, rel=0.05)  # halved, yet 3 trials cannot show it
+    assert few["mark"] == SAME
+    assert few["change"] == (
+        "too few ok trials to detect a change (3 and 3: p >= 0.1 whatever they measure)"
+    )
+    assert single["ratio"] == 2.0 and math.isnan(single["ratio_low"])
+    assert (single["mark"], single["change"]) == (
+        SAME,
+        "too few ok trials for a test (2 per side needed)",
+    )
+
+
+def test_smallest_p_value() -> None:
+    assert smallest_p_value(3, 3) == pytest.approx(0.1)
+    assert smallest_p_value(4, 4) == pytest.approx(2 / 70)
+    assert smallest_p_value(1, 1) == 1.0
+
+
+def test_sizes_match_whatever_their_type(tmp_path: Path) -> None:
+    old = runs_frame({"m": trials(100, 5)})
+    new = runs_frame({"m": trials(100, 5)}).astype({"batch_size": float})
+    new.loc[len(new)] = {**new.iloc[0].to_dict(), "model": "other", "seq_len": math.nan}
+    compared = compare_runs(old, new)
+    assert list(compared["model"]) == ["m", "other"]
+    assert row_of(compared, "m")["mark"] == SAME
+
+
+def test_runs_written_by_aggregation_compare_with_themselves(tmp_path: Path) -> None:
+    runs, _ = load_tables(write_fixture_records(tmp_path / "records"))
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    runs = read_runs(tmp_path / "runs.csv")
+    compared = compare_runs(runs, runs)
+    assert set(compared["mark"]) <= {SAME, NOT_COMPARABLE}
+    assert len(compared) == 8  # the corrupt file's cell is unknown: it cannot be matched
+    assert (compared["ratio"].dropna() == 1.0).all()
+
+
+@pytest.mark.parametrize("layout", ["runs.csv", "results/runs.csv", "results/tables/runs.csv"])
+def test_a_result_set_is_a_runs_csv_or_a_directory_holding_one(tmp_path: Path, layout: str) -> None:
+    write_runs(tmp_path / layout, OLD)
+    target = tmp_path / layout if layout == "runs.csv" else tmp_path / "results"
+    assert len(read_runs(target)) == sum(map(len, OLD.values()))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file or directory"),
+        ("", "not a runs table"),
+        ("a,b\n1,2\n", "lacks columns: env, model"),
+        (b"\x00\xff\xfe\x00garbage", "not a runs table"),
+    ],
+)
+def test_bad_result_sets_raise_input_error(
+    tmp_path: Path, content: str | bytes | None, message: str
+) -> None:
+    path = tmp_path / "runs.csv"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(InputError, match=message):
+        read_runs(path)
+
+
+def test_directory_without_runs_raises_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"no runs\.csv or tables/runs\.csv"):
+        read_runs(tmp_path)
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def result_sets(tmp_path: Path) -> tuple[Path, Path]:
+    return write_runs(tmp_path / "old/runs.csv", OLD), write_runs(tmp_path / "new/runs.csv", NEW)
+
+
+def test_cli_prints_the_table_and_exits_1_when_slower(
+    result_sets: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    old, new = result_sets
+    assert compare_script.main([str(old), str(new)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == [h for header in DISPLAY_HEADERS for h in header.split()]
+    slower = next(line for line in out if "/slower/" in line)
+    assert slower.startswith("- ")
+    assert "(n=10)" in slower and "slower" in slower
+    assert next(line for line in out if "/faster/" in line).startswith("+ ")
+    assert next(line for line in out if "/gone/" in line).startswith("x ")
+    assert "9 cells: 1 faster, 1 slower, 4 unchanged, 3 not comparable" in out
+    assert out[-1] == "1 cell(s) significantly slower by more than 5%"
+
+
+def test_cli_exits_0_without_a_slowdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = write_runs(tmp_path / "a.csv", {"m": trials(100, 8, seed=1)})
+    new = write_runs(tmp_path / "b.csv", {"m": trials(120, 8, seed=2)})
+    assert compare_script.main([str(old), str(new)]) == 0
+    assert compare_script.main([str(new), str(old), "--threshold", "0.5"]) == 0  # -17% < 50%
+    assert compare_script.main([str(new), str(old)]) == 1
+
+
+def test_cli_only_changed_and_outputs(
+    result_sets: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old, new = result_sets
+    csv, markdown = tmp_path / "out/compare.csv", tmp_path / "out/compare.md"
+    status = compare_script.main(
+        [str(old), str(new), "--only-changed", "--out", str(csv), "--out", str(markdown)]
+    )
+    assert status == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 1 + 5 + 2  # header, + + - x x rows, verdict, slower line
+    written = pd.read_csv(csv, keep_default_na=False)
+    assert list(written.columns) == COMPARE_COLUMNS
+    assert len(written) == 9  # the files hold every cell
+    lines = markdown.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "| mark | " + " | ".join(DISPLAY_HEADERS[1:]) + " |"
+    assert len(lines) == 2 + 9
+    assert any(line.startswith("| - | ") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.csv", "{new}"], "missing.csv: no such file or directory"),
+        (["{old}", "{new}", "--threshold", "-1"], "threshold must lie in [0, 1)"),
+        (["{old}", "{new}", "--threshold", "fast"], "invalid float value"),
+        (["{old}", "{new}", "--out", "table.txt"], "--out table.txt: write .csv or .md"),
+        (["{old}"], "the following arguments are required: new"),
+    ],
+)
+def test_cli_bad_input_is_one_error_line_and_exit_2(
+    result_sets: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
+    old, new = result_sets
+    assert exit_status([a.format(old=old, new=new) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def exit_status(argv: list[str]) -> int:
+    """``main``'s status, whether it returns it or argparse exits with it."""
+    try:
+        return compare_script.main(argv)
+    except SystemExit as exit:
+        return int(exit.code or 0)
+
+
+def test_cli_end_to_end_never_shows_a_traceback(result_sets: tuple[Path, Path]) -> None:
+    old, new = result_sets
+    run = [sys.executable, str(SCRIPT), str(old)]
+    slower = subprocess.run([*run, str(new)], capture_output=True, text=True, check=False)
+    assert slower.returncode == 1, slower.stderr
+    bad = subprocess.run([*run, str(old.parent)], capture_output=True, text=True, check=False)
+    assert bad.returncode == 0  # a directory holding runs.csv, compared with itself
+    garbage = old.with_name("garbage.csv")
+    garbage.write_bytes(b"\x00\xff")
+    broken = subprocess.run([*run, str(garbage)], capture_output=True, text=True, check=False)
+    assert broken.returncode == 2
+    assert broken.stderr.startswith("error: ") and "Traceback" not in broken.stderr

@@ -1,0 +1,165 @@
+"""The report in a real browser: headless Chromium opens the page rendered from a fixture with
+failures and missing cells, finds the seed table and the figures, decodes every figure, logs
+nothing to the console, and fits a narrow window without sideways scrolling.
+
+Needs Debian's ``chromium`` package (``apt-get install chromium``); skipped without it.
+Screenshots are kept under ``results/`` in the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from test_aggregate import aggregate_cli
+from test_report import (
+    TABLE_NAMES,
+    expected_seed_tables,
+    fixture_paths,
+    html_cells,
+    read_page,
+    render_tables,
+)
+
+from ptspeed.aggregate import read_table
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+LAPTOP = "1280,2000"
+NARROW = "500,1600"  # headless Chromium's narrowest window: a large phone held upright
+TIMEOUT_S = 60
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The page has no scripts; the probe copy gets this one, which reports on the loaded page.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const images = [...document.images];
+  document.title = JSON.stringify({
+    viewport: window.innerWidth,
+    page: document.documentElement.scrollWidth,
+    decoded: images.map((image) => image.naturalWidth),
+    shown: images.map((image) => Math.ceil(image.getBoundingClientRect().width)),
+  });
+});
+</script>
+"""
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason=f"headless Chromium not found at {CHROMIUM} (apt-get install chromium)",
+)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The report rendered from the fixture, its tables, and a directory for browser runs."""
+    tmp_path = tmp_path_factory.mktemp("browser")
+    out_dir = aggregate_cli(tmp_path, fixture_paths(tmp_path))
+    tables = {name: read_table(out_dir / f"{name}.csv") for name in TABLE_NAMES}
+    render_tables(tables, tmp_path / "report")
+    return {"root": tmp_path, "page": tmp_path / "report" / "index.html", "tables": tables}
+
+
+def chromium(root: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """One headless Chromium run with its own profile; console messages go to stderr."""
+    profiles = sorted(root.glob("profile-*"))
+    profile = root / f"profile-{len(profiles)}"
+    command = [
+        str(CHROMIUM),
+        *FLAGS,
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        *args,
+        url,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+def console_messages(stderr: str) -> list[str]:
+    """Chromium logs every console message (errors, uncaught exceptions) as a ``:CONSOLE`` line."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+def probe(site: dict[str, Any], window: str) -> dict[str, Any]:
+    html = site["page"].read_text(encoding="utf-8")
+    probe_page = site["page"].with_name("probe.html")
+    probe_page.write_text(html.replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    result = chromium(site["root"], probe_page.as_uri(), "--dump-dom", f"--window-size={window}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    title = re.search(r"<title>(.*?)</title>", result.stdout, re.DOTALL)
+    assert title, result.stdout[:2000]
+    return json.loads(title.group(1).replace("&quot;", '"'))
+
+
+def test_screenshot_shows_the_page_without_console_errors(site: dict[str, Any]) -> None:
+    screenshot = site["root"] / "results" / "report.png"
+    screenshot.parent.mkdir(exist_ok=True)
+    result = chromium(
+        site["root"],
+        site["page"].as_uri(),
+        f"--screenshot={screenshot}",
+        f"--window-size={LAPTOP}",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert screenshot.read_bytes().startswith(PNG_MAGIC)
+    assert screenshot.stat().st_size > 50_000  # a page of tables and figures, not a blank one
+    assert console_messages(result.stderr) == []
+
+
+def test_console_check_catches_a_broken_page(site: dict[str, Any]) -> None:
+    broken = site["root"] / "broken.html"
+    broken.write_text(
+        "<!DOCTYPE html><title>x</title><script>console.error('oops'); undefined_call();</script>",
+        encoding="utf-8",
+    )
+    result = chromium(site["root"], broken.as_uri(), "--dump-dom")
+    messages = console_messages(result.stderr)
+    assert any("oops" in line for line in messages), result.stderr[-2000:]
+    assert any("Uncaught ReferenceError" in line for line in messages)
+
+
+def test_dom_has_the_seed_table_and_the_figures(site: dict[str, Any]) -> None:
+    result = chromium(site["root"], site["page"].as_uri(), "--dump-dom")
+    assert result.returncode == 0, result.stderr[-2000:]
+    page = read_page(result.stdout)
+    speedups: pd.DataFrame = site["tables"]["speedups"]
+    assert page.tables["seed-table"] == [html_cells(t) for t in expected_seed_tables(speedups)]
+    assert len(page.images) == 5
+    for image in page.images:
+        assert image["src"].startswith("data:image/png;base64,")
+        assert image["alt"]
+    assert "missing" in {row[6] for row in page.tables["failures"][0][1:]}
+    assert console_messages(result.stderr) == []
+
+
+@pytest.mark.parametrize("window", [LAPTOP, NARROW])
+def test_figures_decode_and_the_page_fits_the_window(site: dict[str, Any], window: str) -> None:
+    found = probe(site, window)
+    assert len(found["decoded"]) == 5
+    assert all(width > 0 for width in found["decoded"]), found  # every PNG decoded
+    assert found["page"] <= found["viewport"], found  # wide tables scroll inside their box
+    assert all(width <= found["viewport"] for width in found["shown"]), found
+    if window == NARROW:
+        screenshot = site["root"] / "results" / "report-narrow.png"
+        result = chromium(
+            site["root"],
+            site["page"].as_uri(),
+            f"--screenshot={screenshot}",
+            f"--window-size={window}",
+        )
+        assert result.returncode == 0
+        assert screenshot.read_bytes().startswith(PNG_MAGIC)
