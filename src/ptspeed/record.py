@@ -168,7 +168,7 @@ class Record:
         return _from_dict(cls, data)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
