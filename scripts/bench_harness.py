@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Measured windows of a few seconds each: shorter ones are dominated by this machine's noise.
 CASES = {
-    "mlp": {"batch_size": 100, "image_size": 224},
-    "resnet50": {"batch_size": 8, "image_size": 64},
+    "mlp": {"batch_size": 100, "image_size": 224, "steps": 300},
+    "resnet50": {"batch_size": 8, "image_size": 64, "steps": 30},
 }
 
 
@@ -115,7 +116,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, help="measured steps (default: per model)")
     parser.add_argument("--bare", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
@@ -125,10 +126,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for model, case in CASES.items():
             suite, bare = [], []
+            steps = args.steps or case["steps"]
             for trial in range(args.trials):
                 out = Path(scratch) / f"{model}-{trial}.json"
-                suite.append(run_suite(model, case, args.warmup, args.steps, out))
-                bare.append(run_bare(model, case, args.warmup, args.steps))
+                suite.append(run_suite(model, case, args.warmup, steps, out))
+                bare.append(run_bare(model, case, args.warmup, steps))
             ratio = statistics.median(suite) / statistics.median(bare)
             cv = statistics.stdev(suite) / statistics.mean(suite)
             print(
