@@ -25,7 +25,7 @@ import torch
 from ptspeed import numerics
 from ptspeed.knobs import Knobs, parse_knobs, unsupported_reason
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
-from ptspeed.provenance import collect, python_version
+from ptspeed.provenance import collect, collect_base, python_version
 from ptspeed.record import CellSpec, Metrics, Record
 from ptspeed.steps import batch_supplier, make_step, to_device
 from ptspeed.timing import make_timer, timed_loop
@@ -65,6 +65,7 @@ def run_cell(spec: CellSpec) -> Record:
 
 
 def _run(spec: CellSpec, record: Record) -> None:
+    record.provenance = collect_base()
     device = resolve_device(spec.device)
     if spec.threads:
         torch.set_num_threads(spec.threads)

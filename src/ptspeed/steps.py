@@ -50,7 +50,8 @@ def make_step(
         def infer_step(batch: Batch) -> Any:
             with torch.no_grad(), autocast():
                 output = spec.infer(net, batch)
-            return output * output_scale if output_scale != 1.0 else output
+            wrong = output_scale != 1.0 and isinstance(output, torch.Tensor)
+            return output * output_scale if wrong else output
 
         step: Step = infer_step
     else:
