@@ -930,49 +930,24 @@ def bootstrap_speedup(
     ``stats.speedup`` draws each resample with ``random.Random(seed).choices`` in a Python loop
     (about 80 ms a speedup; a CI comparison of 1,000 cells took minutes). ``choices`` picks
     ``population[floor(random() * n)]``, and numpy's legacy Mersenne Twister started from the
-    same state yields the same doubles, so the same resamples are drawn here as one array. Input
-    that ``stats.speedup`` would reject, or that gives no interval, goes to it unchanged.
+    same state yields the same doubles, so the same resamples are drawn here as one array.
     """
-    base, cand = sorted(map(float, baseline)), sorted(map(float, candidate))
-    usable = (
-        len(base) >= 2
-        and len(cand) >= 2
-        and resamples >= 1
-        and 0.0 < confidence < 1.0
-        and 0.0 < alpha < 1.0
-        and all(math.isfinite(v) and v > 0 for v in (*base, *cand))
-    )
-    if not usable:
-        return stats.speedup(base, cand, confidence, resamples, seed, alpha)
-    ratios = _bootstrap_ratios(base, cand, resamples, seed).tolist()
-    tail = (1.0 - confidence) / 2.0
-    low, high = stats.quantile(ratios, tail), stats.quantile(ratios, 1.0 - tail)
-    _, p_value = stats.mann_whitney_u(base, cand)
-    return stats.Ratio(
-        estimate=_median_of_sorted(cand) / _median_of_sorted(base),
-        low=low,
-        high=high,
-        confidence=confidence,
-        method=f"bootstrap percentile, {resamples} resamples (seed {seed})",
-        n_baseline=len(base),
-        n_candidate=len(cand),
-        p_value=p_value,
-        significant=p_value < alpha and not low <= 1.0 <= high,
-        alpha=alpha,
+    return stats.speedup(
+        baseline, candidate, confidence, resamples, seed, alpha, resample_ratios=_bootstrap_ratios
     )
 
 
 def _bootstrap_ratios(
     base: Sequence[float], cand: Sequence[float], resamples: int, seed: int
-) -> np.ndarray:
-    """Each row of draws is one round of ``stats._bootstrap_ratios``: the baseline's
+) -> list[float]:
+    """Each row of draws is one round of ``stats.bootstrap_ratios``: the baseline's
     ``choices(k=n_base)`` then the candidate's ``choices(k=n_cand)``."""
     generator = _numpy_twin(random.Random(seed))
     n_base, n_cand = len(base), len(cand)
     draws = generator.random_sample((resamples, n_base + n_cand))
     base_picks = np.asarray(base)[np.floor(draws[:, :n_base] * float(n_base)).astype(np.intp)]
     cand_picks = np.asarray(cand)[np.floor(draws[:, n_base:] * float(n_cand)).astype(np.intp)]
-    return np.sort(_row_medians(cand_picks) / _row_medians(base_picks))
+    return np.sort(_row_medians(cand_picks) / _row_medians(base_picks)).tolist()
 
 
 def _numpy_twin(generator: random.Random) -> np.random.RandomState:

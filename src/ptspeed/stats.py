@@ -22,7 +22,7 @@ deterministic (the bootstrap draws from ``random.Random(seed)``).
 import math
 import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -109,6 +109,9 @@ class Summary:
     def relative_half_width(self) -> float:
         """``(high - low) / 2 / |median|``: NaN when the median is 0."""
         return _relative_half_width(self.low, self.high, self.median)
+
+
+RatioResampler = Callable[[Sequence[float], Sequence[float], int, int], Sequence[float]]
 
 
 @dataclass(frozen=True)
@@ -321,6 +324,7 @@ def speedup(
     resamples: int = 10_000,
     seed: int = 0,
     alpha: float = 0.05,
+    resample_ratios: RatioResampler | None = None,
 ) -> Ratio:
     """Speedup of a candidate over a baseline: ratio of median throughputs, with an interval.
 
@@ -350,6 +354,9 @@ def speedup(
         resamples: Number of bootstrap rounds B, at least 1.
         seed: Seed of the ``random.Random`` that draws the resamples.
         alpha: Significance level, strictly between 0 and 1.
+        resample_ratios: Draws the sorted bootstrap ratios given (sorted baseline, sorted
+            candidate, resamples, seed); by default :func:`bootstrap_ratios`. A faster
+            implementation must draw the same resamples (see ptspeed.aggregate).
 
     Returns:
         A :class:`Ratio`.
@@ -380,7 +387,7 @@ def speedup(
             significant=False,
             alpha=alpha,
         )
-    ratios = _bootstrap_ratios(base, cand, resamples, random.Random(seed))
+    ratios = (resample_ratios or bootstrap_ratios)(base, cand, resamples, seed)
     tail = (1.0 - confidence) / 2.0
     low, high = quantile(ratios, tail), quantile(ratios, 1.0 - tail)
     _, p_value = mann_whitney_u(base, cand)
@@ -515,9 +522,12 @@ def _normal_two_sided_p(n_x: int, n_y: int, u_larger: float, tie_sizes: Sequence
     return min(1.0, math.erfc(z / math.sqrt(2.0)))
 
 
-def _bootstrap_ratios(
-    base: Sequence[float], cand: Sequence[float], resamples: int, rng: random.Random
-) -> list[float]:
+def bootstrap_ratios(
+    base: Sequence[float], cand: Sequence[float], resamples: int, seed: int
+) -> Sequence[float]:
+    """Sorted ratios of medians of ``resamples`` rounds; each round draws the baseline's
+    ``choices(k=n_base)`` then the candidate's ``choices(k=n_cand)`` from ``Random(seed)``."""
+    rng = random.Random(seed)
     n_base, n_cand = len(base), len(cand)
     ratios = []
     for _ in range(resamples):
