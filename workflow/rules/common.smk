@@ -186,4 +186,6 @@ def cell_gpus(wildcards):
 
 def effective_config_json():
     """The config as the cells saw it, with device auto resolved to the class used."""
-    return json.dumps({**config, "device": DEVICE_CLASS})  # config order: comparisons as listed
+    return json.dumps(
+        {**config, "device": DEVICE_CLASS}
+    )  # config order: comparisons as listed
