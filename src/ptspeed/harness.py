@@ -16,7 +16,6 @@ import resource
 import time
 import traceback
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from ptspeed import numerics
 from ptspeed.knobs import Knobs, parse_knobs, unsupported_reason
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
 from ptspeed.provenance import collect, collect_base, python_version
-from ptspeed.record import CellSpec, Metrics, Record
+from ptspeed.record import CellSpec, Metrics, Record, utc_now
 from ptspeed.steps import batch_supplier, make_step, to_device
 from ptspeed.timing import make_timer, timed_loop
 
@@ -47,7 +46,7 @@ class VariantRun:
 
 def run_cell(spec: CellSpec) -> Record:
     """Run ``spec`` here and return its record, whatever happens."""
-    record = Record(cell=spec, status="ok", started_at=_utc_now())
+    record = Record(cell=spec, status="ok", started_at=utc_now())
     begun = time.perf_counter()
     try:
         _run(spec, record)
@@ -59,7 +58,7 @@ def run_cell(spec: CellSpec) -> Record:
         record.status = "oom" if is_out_of_memory(exc) else "failed"
         record.reason = _describe(exc, spec)
         record.detail = _traceback_tail(exc)
-    record.finished_at = _utc_now()
+    record.finished_at = utc_now()
     record.duration_s = time.perf_counter() - begun
     return record
 
@@ -330,10 +329,6 @@ def _describe(exc: BaseException, spec: CellSpec) -> str:
 def _traceback_tail(exc: BaseException) -> str:
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
     return "".join(lines)[-TRACEBACK_LINES_KEPT * 120 :]
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def finite_or_none(value: float | None) -> float | None:

@@ -16,6 +16,7 @@ import os
 import tempfile
 import typing
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -185,6 +186,11 @@ def _from_dict(cls: type, data: dict[str, Any]) -> Any:
             value = _from_dict(hint, value)
         kwargs[f.name] = value
     return cls(**kwargs)
+
+
+def utc_now() -> str:
+    """The current UTC time as the records write it (ISO 8601, seconds)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:

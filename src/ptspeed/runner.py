@@ -17,11 +17,10 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
 from pathlib import Path
 
 from ptspeed.provenance import collect_base
-from ptspeed.record import CellSpec, Record, read_record, write_record
+from ptspeed.record import CellSpec, Record, read_record, utc_now, write_record
 from ptspeed.worker import WATCHDOG_PID_VARIABLE
 
 STDERR_TAIL_CHARS = 3000
@@ -35,7 +34,7 @@ def run_cell_in_worker(spec: CellSpec, out: Path, python: str = sys.executable) 
     nothing: an interrupted cell has no record, so a rerun runs it again.
     """
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    started_at = _utc_now()
+    started_at = utc_now()
     begun = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ptspeed-cell-") as scratch:
         result_path = Path(scratch) / "record.json"
@@ -45,7 +44,7 @@ def run_cell_in_worker(spec: CellSpec, out: Path, python: str = sys.executable) 
         if record is None:
             record = _record_without_worker_result(spec, returncode, timed_out, _tail(stderr_path))
             record.started_at = started_at
-            record.finished_at = _utc_now()
+            record.finished_at = utc_now()
             record.duration_s = time.perf_counter() - begun
     write_record(record, out)
     return record
@@ -137,7 +136,3 @@ def _relay(stderr_path: Path) -> None:
         sys.stderr.flush()
     except OSError:
         pass
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
