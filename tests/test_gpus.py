@@ -1,0 +1,144 @@
+"""GPU assignment: distinct GPUs per concurrent cell, allocations respected, no GPU needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ptspeed.gpus import GpuPool, GpuRequestError, claim_gpus, lock_dir, node_pool
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# One process of the concurrency test: claims GPUs, notes when it held which, holds a while.
+HOLDER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from ptspeed.gpus import GpuPool, claim_gpus
+    count, n_gpus, locks, out, hold_s = sys.argv[1:]
+    pool = GpuPool(tuple(str(i) for i in range(int(n_gpus))), "test")
+    with claim_gpus(int(count), wait_s=60, pool=pool, locks=Path(locks)) as claim:
+        start = time.monotonic()
+        time.sleep(float(hold_s))
+        end = time.monotonic()
+    Path(out).write_text(json.dumps({"ids": list(claim.ids), "start": start, "end": end}))
+    """
+)
+
+
+def start_holder(
+    tmp_path: Path, name: str, count: int, n_gpus: int, hold_s: float
+) -> tuple[subprocess.Popen[bytes], Path]:
+    out = tmp_path / f"{name}.json"
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, *map(str, (count, n_gpus, tmp_path / "locks", out, hold_s))],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    )
+    return process, out
+
+
+def test_pool_respects_an_existing_allocation() -> None:
+    pool = node_pool({"CUDA_VISIBLE_DEVICES": "2,3", "PTSPEED_GPU_COUNT": "8"})
+    assert pool.ids == ("2", "3")
+    assert "CUDA_VISIBLE_DEVICES=2,3" in pool.source
+
+
+def test_pool_names_slurm_as_the_allocator() -> None:
+    pool = node_pool({"CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_ID": "17"})
+    assert pool.ids == ("0",)
+    assert pool.source.startswith("SLURM's allocation")
+
+
+def test_pool_keeps_uuids_and_stops_at_an_invalid_entry() -> None:
+    pool = node_pool({"CUDA_VISIBLE_DEVICES": "GPU-aa11, MIG-bb22,-1,3"})
+    assert pool.ids == ("GPU-aa11", "MIG-bb22")
+    assert node_pool({"CUDA_VISIBLE_DEVICES": ""}).ids == ()
+
+
+def test_pool_from_an_injected_count() -> None:
+    assert node_pool({"PTSPEED_GPU_COUNT": "3"}).ids == ("0", "1", "2")
+    with pytest.raises(GpuRequestError, match="PTSPEED_GPU_COUNT: 'two'"):
+        node_pool({"PTSPEED_GPU_COUNT": "two"})
+
+
+def test_lock_dir_is_per_slurm_job(tmp_path: Path) -> None:
+    base = {"PTSPEED_GPU_LOCK_DIR": str(tmp_path)}
+    assert lock_dir(base) == tmp_path
+    assert lock_dir({**base, "SLURM_JOB_ID": "42"}) == tmp_path / "slurm-job-42"
+
+
+def test_claim_gives_distinct_gpus_and_releases_them(tmp_path: Path) -> None:
+    pool = GpuPool(("0", "1", "2"), "test")
+    with (
+        claim_gpus(2, wait_s=0, pool=pool, locks=tmp_path) as first,
+        claim_gpus(1, wait_s=0, pool=pool, locks=tmp_path) as second,
+    ):
+        assert len(first.ids) == 2
+        assert set(first.ids).isdisjoint(second.ids)
+        assert second.visible_devices == "2"
+        with (
+            pytest.raises(GpuRequestError, match="no 1 free GPU"),
+            claim_gpus(1, wait_s=0.3, pool=pool, locks=tmp_path),
+        ):
+            pass
+    with claim_gpus(3, wait_s=0, pool=pool, locks=tmp_path) as everything:
+        assert everything.ids == ("0", "1", "2")
+        assert everything.describe() == "claimed [0,1,2] of 3 GPU(s) [0,1,2] from test"
+
+
+def test_asking_for_more_gpus_than_the_node_has_fails_at_once(tmp_path: Path) -> None:
+    pool = GpuPool(("0", "1"), "nvidia-smi -L")
+    begun = time.monotonic()
+    with (
+        pytest.raises(GpuRequestError, match=r"needs 4 GPU\(s\); the node has 2 GPU\(s\)"),
+        claim_gpus(4, wait_s=30, pool=pool, locks=tmp_path),
+    ):
+        pass
+    assert time.monotonic() - begun < 5
+
+
+def test_concurrent_cells_never_share_a_gpu(tmp_path: Path) -> None:
+    """Six processes start at once on a 4-GPU node, some asking for 2: at no moment do two of
+    them hold the same GPU, and the ones that had to wait got GPUs once others let go."""
+    wanted = [1, 2, 1, 1, 2, 1]
+    holders = [
+        start_holder(tmp_path, f"cell{i}", count, n_gpus=4, hold_s=0.6)
+        for i, count in enumerate(wanted)
+    ]
+    for process, _ in holders:
+        assert process.wait(timeout=60) == 0
+    held = [json.loads(out.read_text()) for _, out in holders]
+    assert [len(h["ids"]) for h in held] == wanted
+    for i, a in enumerate(held):
+        for b in held[i + 1 :]:
+            overlap = a["start"] < b["end"] and b["start"] < a["end"]
+            if overlap:
+                assert set(a["ids"]).isdisjoint(b["ids"]), (a, b)
+    assert max(h["end"] for h in held) - min(h["start"] for h in held) >= 1.1  # some waited
+
+
+def test_a_killed_cell_leaves_its_gpu_free(tmp_path: Path) -> None:
+    process, _ = start_holder(tmp_path, "victim", 1, n_gpus=1, hold_s=60)
+    pool = GpuPool(("0",), "test")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # wait until the victim holds the GPU
+        try:
+            with claim_gpus(1, wait_s=0, pool=pool, locks=tmp_path / "locks"):
+                pass
+        except GpuRequestError:
+            break
+        time.sleep(0.1)  # outside the claim: give the holder its chance
+    else:
+        pytest.fail("the holder never claimed the GPU")
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=10)
+    with claim_gpus(1, wait_s=5, pool=pool, locks=tmp_path / "locks") as claim:
+        assert claim.ids == ("0",)
