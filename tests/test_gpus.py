@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from ptspeed.gpus import GpuPool, GpuRequestError, claim_gpus, lock_dir, node_pool
+from ptspeed.gpus import (
+    GpuPool,
+    GpuRequestError,
+    claim_gpus,
+    gpu_environment,
+    lock_dir,
+    node_pool,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -142,3 +149,22 @@ def test_a_killed_cell_leaves_its_gpu_free(tmp_path: Path) -> None:
     process.wait(timeout=10)
     with claim_gpus(1, wait_s=5, pool=pool, locks=tmp_path / "locks") as claim:
         assert claim.ids == ("0",)
+
+
+def test_gpu_environment_pins_a_cuda_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("PTSPEED_GPU_COUNT", "2")
+    monkeypatch.setenv("PTSPEED_GPU_LOCK_DIR", str(tmp_path))
+    with gpu_environment("cpu", 1, wait_s=0) as cpu_env:
+        assert cpu_env == {}
+    with gpu_environment("cuda:1", 1, wait_s=0) as pinned_by_hand:
+        assert pinned_by_hand == {}
+    with gpu_environment("cuda", 2, wait_s=0) as env:
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert env["PTSPEED_GPU_ASSIGNMENT"].startswith("claimed [0,1] of 2 GPU(s)")
+    monkeypatch.delenv("PTSPEED_GPU_COUNT")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    with gpu_environment("cuda", 1, wait_s=0) as none_listed:
+        assert "CUDA_VISIBLE_DEVICES" not in none_listed
+        assert none_listed["PTSPEED_GPU_ASSIGNMENT"].startswith("not assigned")

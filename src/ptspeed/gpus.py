@@ -40,6 +40,8 @@ from typing import IO
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
 COUNT_VARIABLE = "PTSPEED_GPU_COUNT"
 LOCK_DIR_VARIABLE = "PTSPEED_GPU_LOCK_DIR"
+# What the worker puts in its record (Provenance.gpu_assignment).
+ASSIGNMENT_VARIABLE = "PTSPEED_GPU_ASSIGNMENT"
 POLL_INTERVAL_S = 0.2
 NVIDIA_SMI_TIMEOUT_S = 30
 
@@ -185,3 +187,31 @@ def _try_claim(pool: GpuPool, count: int, locks: Path) -> dict[str, IO[bytes]] |
 
 def _file_safe(device: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", device)
+
+
+@contextlib.contextmanager
+def gpu_environment(device: str, count: int, wait_s: float) -> Iterator[dict[str, str]]:
+    """The environment variables that pin a cell's worker to its claimed GPUs, held for the
+    ``with`` block: ``CUDA_VISIBLE_DEVICES`` and a description for the record.
+
+    Only ``device == "cuda"`` claims: a cell given ``cuda:N`` was pinned by hand and a CPU cell
+    needs nothing. A node that lists no GPUs at all hands out nothing and says so; the worker
+    then finds out whether torch sees a device.
+    """
+    if device != "cuda":
+        yield {}
+        return
+    pool = node_pool()
+    if not pool.ids:
+        yield {
+            ASSIGNMENT_VARIABLE: (
+                f"not assigned: the node lists no GPUs ({VISIBLE_DEVICES_VARIABLE}, "
+                f"{COUNT_VARIABLE} and nvidia-smi -L give none)"
+            )
+        }
+        return
+    with claim_gpus(count, wait_s, pool) as claim:
+        yield {
+            VISIBLE_DEVICES_VARIABLE: claim.visible_devices,
+            ASSIGNMENT_VARIABLE: claim.describe(),
+        }
