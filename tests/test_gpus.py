@@ -16,11 +16,13 @@ import pytest
 from ptspeed.gpus import (
     GpuPool,
     GpuRequestError,
+    check_variant_gpus,
     claim_gpus,
     gpu_environment,
     lock_dir,
     node_pool,
 )
+from ptspeed.matrix import ConfigError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -168,3 +170,13 @@ def test_gpu_environment_pins_a_cuda_cell(tmp_path: Path, monkeypatch: pytest.Mo
     with gpu_environment("cuda", 1, wait_s=0) as none_listed:
         assert "CUDA_VISIBLE_DEVICES" not in none_listed
         assert none_listed["PTSPEED_GPU_ASSIGNMENT"].startswith("not assigned")
+
+
+def test_variants_needing_more_gpus_than_the_run_may_use_are_refused() -> None:
+    variants = {"eager": "eager", "ddp": "ddp+procs=4"}
+    check_variant_gpus(variants, None)
+    check_variant_gpus(variants, 4)
+    with pytest.raises(ConfigError, match=r"^variants\.ddp: each cell needs 4 GPUs"):
+        check_variant_gpus(variants, 2)
+    with pytest.raises(ConfigError, match=r"^resources: gpu=0 runs no CUDA cell"):
+        check_variant_gpus(variants, 0)

@@ -32,10 +32,13 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from ptspeed.knobs import parse_knobs
+from ptspeed.matrix import ConfigError
 
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
 COUNT_VARIABLE = "PTSPEED_GPU_COUNT"
@@ -215,3 +218,23 @@ def gpu_environment(device: str, count: int, wait_s: float) -> Iterator[dict[str
             VISIBLE_DEVICES_VARIABLE: claim.visible_devices,
             ASSIGNMENT_VARIABLE: claim.describe(),
         }
+
+
+def check_variant_gpus(variants: Mapping[str, str], limit: int | None) -> None:
+    """Raise :class:`ConfigError` for a variant whose cells need more GPUs than the run may
+    use at once (``--resources gpu=N`` on one machine): Snakemake would lower the job's
+    request to N, and the cell would then take GPUs other cells were promised."""
+    if limit is None:
+        return
+    if limit < 1:
+        raise ConfigError(
+            f"resources: gpu={limit} runs no CUDA cell; on a GPU node give --resources gpu=N "
+            "(N = its GPUs) or use --profile profiles/gpu-node"
+        )
+    for name, knobs in variants.items():
+        needed = parse_knobs(knobs).world_size
+        if needed > limit:
+            raise ConfigError(
+                f"variants.{name}: each cell needs {needed} GPUs ({knobs!r}) but this run may use "
+                f"{limit} (--resources gpu={limit}); raise it or lower procs="
+            )
