@@ -8,6 +8,10 @@ STAMP := $(VENV)/.ptspeed-setup
 # transformers as every benchmark environment (envs/*.txt).
 HOST_TORCH := torch==2.14.1 torchvision==0.29.1 transformers==4.46.3
 
+# Container recipes and the shell scripts they run (make lint checks them).
+RECIPES := $(wildcard docker/*Dockerfile*)
+SHELL_SCRIPTS := docker/install.sh .ci/podman.sh
+
 .PHONY: setup run test test-fast lint format clean
 
 setup: $(STAMP)
@@ -33,6 +37,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/snakefmt --check .
 	$(BIN)/snakemake --lint
+	$(BIN)/hadolint $(RECIPES)
+	$(BIN)/shellcheck $(SHELL_SCRIPTS)
 
 format: $(STAMP)
 	$(BIN)/ruff format .

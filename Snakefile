@@ -17,9 +17,22 @@ report: "report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/envs.smk"
+include: "workflow/rules/images.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/report.smk"
+
+
+from ptspeed.runlock import ResultsInUse, hold_results_lock
+
+
+# Snakemake's lock covers its working directory only: a second run on the same results
+# directory from another checkout is refused here, before any job starts (not on dry runs).
+onstart:
+    try:
+        hold_results_lock(RESULTS)
+    except ResultsInUse as exc:
+        raise WorkflowError(str(exc)) from None
 
 
 rule all:

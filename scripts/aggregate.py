@@ -4,7 +4,8 @@
         --records results/records/*.json --out-dir results/tables
 
 Every listed path becomes a runs row: a path with no file is a ``missing`` row, a file that is
-not a record an ``unreadable`` one, each with a reason naming the path.
+not a record an ``unreadable`` one, a record of another cell than the config asks for at its
+path (an older config, a copied file) a ``stale`` one, each with a reason naming the path.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             *args.records,
             *(records_listed_in(args.records_from) if args.records_from else []),
         ]
-        runs, steps = load_tables(paths)
+        runs, steps = load_tables(paths, config)
         summary = summarise(runs)
         comparisons = speedups(summary, config, claims, runs)
         out_dir = Path(args.out_dir)

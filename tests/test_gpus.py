@@ -180,3 +180,38 @@ def test_variants_needing_more_gpus_than_the_run_may_use_are_refused() -> None:
         check_variant_gpus(variants, 2)
     with pytest.raises(ConfigError, match=r"^resources: gpu=0 runs no CUDA cell"):
         check_variant_gpus(variants, 0)
+
+
+def run_cuda_cell(tmp_path: Path, name: str, knobs: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(SRC),
+        "PTSPEED_GPU_COUNT": "2",
+        "PTSPEED_GPU_LOCK_DIR": str(tmp_path / "locks"),
+    }
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.pop("SLURM_JOB_ID", None)
+    command = [sys.executable, "-m", "ptspeed", "cell", "--model", "mlp", "--batch-size", "4"]
+    command += ["--device", "cuda", "--knobs", knobs, "--timeout", "120", "--out", str(out)]
+    subprocess.run(command, env=env, check=True, timeout=180)
+    return json.loads(out.read_text())
+
+
+def test_a_cell_runs_on_the_gpu_no_other_cell_holds(tmp_path: Path) -> None:
+    """GPU 0 is held by another cell: this one is given GPU 1, and its record says so (torch
+    sees no CUDA device on this machine, so the cell itself is unsupported)."""
+    pool = GpuPool(("0", "1"), "test")
+    with claim_gpus(1, wait_s=0, pool=pool, locks=tmp_path / "locks") as other:
+        assert other.ids == ("0",)
+        record = run_cuda_cell(tmp_path, "second", "eager")
+    provenance = record["provenance"]
+    assert provenance["cuda_visible_devices"] == "1"
+    assert provenance["gpu_assignment"].startswith("claimed [1] of 2 GPU(s) [0,1]")
+    assert record["status"] == "unsupported"
+
+
+def test_a_cell_needing_more_gpus_than_the_node_has_gets_a_failed_record(tmp_path: Path) -> None:
+    record = run_cuda_cell(tmp_path, "ddp4", "ddp+procs=4")
+    assert record["status"] == "failed"
+    assert record["reason"].startswith("GPU assignment: this cell needs 4 GPU(s); the node has 2")

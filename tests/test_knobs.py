@@ -40,6 +40,9 @@ def render(knobs: Knobs) -> list[str]:
             tokens.append("pin")
     if knobs.memory_fraction is not None:
         tokens.append(f"memfrac={knobs.memory_fraction!r}")
+    if knobs.parallel is not None:
+        tokens.append("fsdp=offload" if knobs.cpu_offload else knobs.parallel)
+        tokens.append(f"procs={knobs.processes}")
     return tokens or ["eager"]
 
 
@@ -47,6 +50,7 @@ def render(knobs: Knobs) -> list[str]:
 def valid_knobs(draw: st.DrawFn) -> Knobs:
     compiled = draw(st.booleans())
     loader = draw(st.none() | st.integers(0, 64))
+    parallel = draw(st.none() | st.sampled_from(["ddp", "fsdp"]))
     return Knobs(
         compile_mode=draw(st.sampled_from(COMPILE_MODES)) if compiled else None,
         compile_backend=draw(st.sampled_from(BACKENDS)) if compiled else "inductor",
@@ -56,6 +60,9 @@ def valid_knobs(draw: st.DrawFn) -> Knobs:
         loader_workers=loader,
         pin_memory=loader is not None and draw(st.booleans()),
         memory_fraction=draw(st.none() | st.floats(1e-6, 1.0)),
+        parallel=parallel,
+        cpu_offload=parallel == "fsdp" and draw(st.booleans()),
+        processes=draw(st.integers(1, 64)) if parallel else 1,
     )
 
 
@@ -77,6 +84,10 @@ def valid_knobs(draw: st.DrawFn) -> Knobs:
         ("loader=2+pin", Knobs(loader_workers=2, pin_memory=True)),
         ("memfrac=0.8", Knobs(memory_fraction=0.8)),
         ("memfrac=1", Knobs(memory_fraction=1.0)),
+        ("ddp", Knobs(parallel="ddp", processes=2)),
+        ("fsdp+procs=4", Knobs(parallel="fsdp", processes=4)),
+        ("procs=1+fsdp=offload", Knobs(parallel="fsdp", cpu_offload=True, processes=1)),
+        ("ddp+compile+amp=bf16", Knobs("default", amp="bf16", parallel="ddp", processes=2)),
     ],
 )
 def test_grammar_examples(text: str, expected: Knobs) -> None:
@@ -110,6 +121,15 @@ def test_grammar_examples(text: str, expected: Knobs) -> None:
         ("amp = bf16", "is not name or name=value"),
         ("memfrac=0.5\n+amp", "is not name or name=value"),
         ("compile+backend=eager\n+amp", "is not name or name=value"),
+        ("procs=2", "procs needs ddp or fsdp"),
+        ("amp+procs=4", "procs needs ddp or fsdp"),
+        ("ddp+fsdp", "ddp and fsdp cannot be combined"),
+        ("ddp+procs=0", "procs=0 must be an integer from 1 to 64"),
+        ("fsdp+procs=65", "procs=65 must be an integer from 1 to 64"),
+        ("ddp+procs", "procs= must be an integer"),
+        ("fsdp=cpu", "fsdp=cpu is not one of offload"),
+        ("ddp=2", "ddp takes no value"),
+        ("ddp+ddp", "'ddp' given twice"),
     ],
 )
 def test_bad_knobs_are_refused_with_one_clear_line(text: str, fragment: str) -> None:

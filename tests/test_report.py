@@ -351,12 +351,12 @@ def test_failures_table_lists_every_record_that_is_not_ok(
     rows = failures[1:]
     runs = tables["runs"]
     assert [r[6] for r in rows] == list(runs.loc[runs["status"] != "ok", "status"])
-    assert [r[6] for r in rows] == ["failed", "unsupported", "unreadable", "missing"]
+    assert [r[6] for r in rows] == ["failed", "unsupported", "stale", "unreadable", "missing"]
     assert rows[0][:6] == ["torch-2.0", "resnet50", "compile", "train", "8", "2"]
     assert rows[1][7] == "needs torch>=2.0 | fake"  # the pipe survives, escaped
-    assert CORRUPT_NAME in rows[2][7]
-    assert rows[3][:6] == ["torch-2.0", "gpt2", "compile", "train", "2", "1"]
-    assert rows[3][7].endswith(f"{ABSENT}: {MISSING_REASON}")
+    assert CORRUPT_NAME in rows[3][7]
+    assert rows[4][:6] == ["torch-2.0", "gpt2", "compile", "train", "2", "1"]
+    assert rows[4][7].endswith(f"{ABSENT}: {MISSING_REASON}")
     assert noisy == expected_noisy_table(tables["summary"])
     assert len(noisy) > 1
     page = read_page(html).tables["failures"]

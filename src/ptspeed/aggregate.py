@@ -35,10 +35,11 @@ import yaml
 from ptspeed import stats
 from ptspeed.knobs import BadInput, parse_knobs
 from ptspeed.record import STATUSES, CellSpec, Metrics, NumericsCheck, Provenance, Record
+from ptspeed.staleness import STALE, stale_reason
 
 UNREADABLE = "unreadable"
 MISSING = "missing"
-ALL_STATUSES = (*STATUSES, MISSING, UNREADABLE)
+ALL_STATUSES = (*STATUSES, STALE, MISSING, UNREADABLE)
 MISSING_REASON = "no record (the cell did not run or its record was removed)"
 
 CELL_COLUMNS = [f.name for f in dataclasses.fields(CellSpec)]
@@ -95,6 +96,7 @@ SUMMARY_COLUMNS = [
     "median_peak_memory_bytes",
     "memory_kind",
     "reasons",
+    "retried_from_batch_size",
 ]
 SPEEDUP_COLUMNS = [
     "comparison",
@@ -151,6 +153,7 @@ _INT_COLUMNS = [
     "measured_steps",
     "numerics_steps",
     "threads",
+    "retried_from_batch_size",
     "peak_memory_bytes",
     "device_index",
     "cpu_count",
@@ -177,6 +180,7 @@ SUMMARY_TEXT_COLUMNS = [
     "noisy_reason",
     "memory_kind",
     "reasons",
+    "retried_from_batch_size",
 ]
 SPEEDUP_TEXT_COLUMNS = [
     "comparison",
@@ -211,16 +215,20 @@ class ConfigError(ValueError):
 # --- runs and steps ------------------------------------------------------------------------------
 
 
-def load_tables(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_tables(
+    paths: Iterable[str | Path], config: Mapping[str, Any] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The runs frame (:data:`RUNS_COLUMNS`, one row per path, in the order given) and the steps
     frame (:data:`STEPS_COLUMNS`, one row per measured step of each ``ok`` record).
 
     A path with no file gives a row with status ``missing``; a file that cannot be opened, is not
     JSON, or is not a record gives a row with status ``unreadable``; both reasons name the path.
+    With ``config`` (the effective config), a record of another cell than the config asks for
+    at its path (:func:`ptspeed.staleness.stale_reason`) gives a row with status ``stale``.
     """
     rows, steps = [], []
     for path in map(Path, paths):
-        row, step_times = _read_row(path)
+        row, step_times = _read_row(path, config)
         rows.append(row)
         if row["status"] == "ok":
             steps.extend(_step_rows(row, step_times))
@@ -233,15 +241,29 @@ def load_records(paths: Iterable[str | Path]) -> pd.DataFrame:
     return load_tables(paths)[0]
 
 
-def _read_row(path: Path) -> tuple[dict[str, Any], list[Any]]:
+def _read_row(
+    path: Path, config: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], list[Any]]:
     try:
         data = _parse_record(path)
     except FileNotFoundError:
         return _stand_in_row(path, MISSING, f"{path}: {MISSING_REASON}"), []
     except (OSError, UnicodeDecodeError, ValueError) as error:
         return _stand_in_row(path, UNREADABLE, f"{path}: {error}"), []
+    row = flatten_data(data)
+    stale = stale_reason(row, cell_from_path(path), config) if config is not None else ""
+    if stale:
+        return _stale_row(path, row, stale), []
     step_times = (data.get("metrics") or {}).get("step_times_s")
-    return {"record_path": str(path), **flatten_data(data)}, _as_list(step_times)
+    return {"record_path": str(path), **row}, _as_list(step_times)
+
+
+def _stale_row(path: Path, row: Mapping[str, Any], why: str) -> dict[str, Any]:
+    """A record of another cell than the config asks for: counted as a trial of the cell its
+    path names (else of the cell it recorded), measuring nothing."""
+    cell = cell_from_path(path) or {key: row[key] for key in CELL_COLUMNS}
+    reason = f"{path}: stale record, not counted ({why}); it recorded status {row['status']}"
+    return {"record_path": str(path), **cell, "status": STALE, "reason": reason}
 
 
 def _stand_in_row(path: Path, status: str, reason: str) -> dict[str, Any]:
@@ -437,7 +459,7 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     interval (:func:`ptspeed.stats.summarise`), minimum, maximum, and ``cv`` (sample standard
     deviation over the mean, NaN with fewer than two ok trials).
     """
-    known = runs[~(runs["status"].isin([MISSING, UNREADABLE]) & runs["env"].isna())]
+    known = runs[~(runs["status"].isin([MISSING, UNREADABLE, STALE]) & runs["env"].isna())]
     if known.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     columns = {name: known[name].to_numpy(dtype=object) for name in _SUMMARY_INPUTS}
@@ -460,6 +482,7 @@ _SUMMARY_INPUTS = [
     "first_step_s",
     "peak_memory_bytes",
     "memory_kind",
+    "retried_from_batch_size",
 ]
 
 
@@ -494,6 +517,10 @@ def _cell_stats(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
         "median_peak_memory_bytes": _median_of(trials["peak_memory_bytes"][ok]),
         "memory_kind": ", ".join(_distinct_texts(trials["memory_kind"][ok])),
         "reasons": _joined_reasons(trials["status"][~ok], trials["reason"][~ok]),
+        # Out-of-memory retries ran at half the configured batch: their own rows, labelled.
+        "retried_from_batch_size": ", ".join(
+            str(int(v)) for v in dict.fromkeys(_finite_numbers(trials["retried_from_batch_size"]))
+        ),
     }
 
 

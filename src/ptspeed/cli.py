@@ -2,25 +2,43 @@
 
 ``cell`` runs one benchmark cell in a worker process under a watchdog and writes exactly one
 JSON record to ``--out``. Bad input is refused before anything runs: one line naming the
-field and the accepted values on stderr, exit status 2, nothing written.
+field and the accepted values on stderr, exit status 2, nothing written. With ``--oom-retry``
+a cell that runs out of memory runs once more at half its batch size, within what is left of
+its time limit; the record written is the retry's, saying so (``cell.retried_from_batch_size``,
+and the first attempt's reason in ``detail``). Model hubs are switched off for the worker:
+nothing is downloaded at run time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import NoReturn
 
 from ptspeed import knobs as knobs_module
-from ptspeed.knobs import BadInput
+from ptspeed.faults import FAULTS_VARIABLE, fault_from_environment, fault_of_attempt
+from ptspeed.gpus import GpuRequestError, gpu_environment
+from ptspeed.knobs import BadInput, parse_knobs
 from ptspeed.models import REGISTRY
-from ptspeed.record import CellSpec, json_schema
+from ptspeed.provenance import collect_base
+from ptspeed.record import CellSpec, Record, json_schema, utc_now, write_record
 from ptspeed.validate import DEVICES, FAULTS, MODES, check_cell
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+# Set for the worker whatever the caller's environment says: models are built from configs
+# with random weights, and a cell must never wait on (or depend on) the network.
+HUB_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+MIN_RETRY_S = 1.0
+# How long a GPU cell waits for GPUs held by other cells: only when more GPU cells were
+# started than the node has GPUs (--resources gpu=N above the node's count).
+GPU_WAIT_S = 600.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +91,16 @@ def _cell_arguments(cell: argparse.ArgumentParser) -> None:
     cell.add_argument("--device", default="auto", help=f"one of: {', '.join(DEVICES)}, cuda:N")
     cell.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     cell.add_argument("--timeout", type=float, default=defaults.timeout_s, help="seconds")
-    cell.add_argument("--fault", default="", help=f"inject a fault to test the suite: {FAULTS}")
+    cell.add_argument(
+        "--fault",
+        default="",
+        help=f"inject a fault to test the suite: {FAULTS} (else from ${FAULTS_VARIABLE})",
+    )
+    cell.add_argument(
+        "--oom-retry",
+        action="store_true",
+        help="after running out of memory, run once more at half the batch size",
+    )
     cell.add_argument("--out", type=Path, required=True, help="where the JSON record goes")
 
 
@@ -100,25 +127,111 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
 
 
 def _cell(args: argparse.Namespace) -> int:
-    from ptspeed.runner import run_cell_in_worker
-
     spec = spec_from_args(args)
+    if not spec.fault:
+        spec = dataclasses.replace(spec, fault=fault_from_environment(spec, os.environ))
+        if spec.fault:
+            print(f"{FAULTS_VARIABLE}: injecting fault {spec.fault!r}", file=sys.stderr)
     check_cell(spec)
+    for name in HUB_OFFLINE_VARIABLES:
+        os.environ[name] = "1"
     try:
-        record = run_cell_in_worker(spec, args.out)
+        record = _run_on_claimed_gpus(spec, args.out, args.oom_retry)
     except KeyboardInterrupt as exc:
         print(
             f"interrupted ({exc or 'SIGINT'}): the worker was stopped, no record written",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    line = f"{spec.model} {spec.variant} {spec.mode} batch {spec.batch_size}: {record.status}"
+    cell = record.cell
+    line = f"{cell.model} {cell.variant} {cell.mode} batch {cell.batch_size}"
+    if cell.retried_from_batch_size:
+        line += f" (retried from {cell.retried_from_batch_size})"
+    line += f": {record.status}"
     if record.status == "ok":
         line += f", {record.metrics.throughput_samples_per_s:.2f} samples/s"
     elif record.reason:
         line += f" ({record.reason})"
     print(line, file=sys.stderr)
     return 0
+
+
+def _run_on_claimed_gpus(spec: CellSpec, out: Path, oom_retry: bool) -> Record:
+    """Run the cell on GPUs no other cell of the node holds (ptspeed.gpus), held until its
+    record is written; a cell the node cannot give GPUs to gets a ``failed`` record saying so."""
+    count = parse_knobs(spec.knobs).world_size
+    try:
+        with gpu_environment(spec.device, count, GPU_WAIT_S) as gpu_env:
+            return run_with_oom_retry(spec, out, oom_retry, gpu_env)
+    except GpuRequestError as exc:
+        record = Record(
+            cell=spec,
+            status="failed",
+            reason=f"GPU assignment: {exc}",
+            provenance=collect_base(),
+            started_at=utc_now(),
+            finished_at=utc_now(),
+        )
+        write_record(record, out)
+        return record
+
+
+def run_with_oom_retry(
+    spec: CellSpec, out: Path, oom_retry: bool, gpu_env: dict[str, str] | None = None
+) -> Record:
+    """Run ``spec`` (and, with ``oom_retry``, its retry at half the batch size after running out
+    of memory) and write the one record that stands for the cell to ``out``. ``gpu_env`` pins
+    the worker to its GPUs."""
+    from ptspeed.runner import run_cell_in_worker
+
+    with tempfile.TemporaryDirectory(prefix="ptspeed-attempts-") as scratch:
+        begun = time.monotonic()
+        first_spec = dataclasses.replace(spec, fault=fault_of_attempt(spec.fault, 1))
+        record = run_cell_in_worker(first_spec, Path(scratch) / "attempt1.json", extra_env=gpu_env)
+        if oom_retry and record.status == "oom":
+            left_s = spec.timeout_s - (time.monotonic() - begun)
+            attempt2 = Path(scratch) / "attempt2.json"
+            record = _retry_at_half_batch(spec, record, left_s, attempt2, gpu_env)
+    # What was asked for: the fault as given (oom-once, not the attempt's), the whole limit.
+    record.cell = dataclasses.replace(record.cell, fault=spec.fault, timeout_s=spec.timeout_s)
+    write_record(record, out)
+    return record
+
+
+def _retry_at_half_batch(
+    spec: CellSpec, first: Record, left_s: float, out: Path, gpu_env: dict[str, str] | None
+) -> Record:
+    from ptspeed.runner import run_cell_in_worker
+
+    retry = dataclasses.replace(
+        spec,
+        batch_size=spec.batch_size // 2,
+        retried_from_batch_size=spec.batch_size,
+        timeout_s=left_s,
+        fault=fault_of_attempt(spec.fault, 2),
+    )
+    why_not = _why_no_retry(retry, left_s)
+    if why_not:
+        first.detail = f"not retried at half the batch size: {why_not}\n{first.detail}"
+        return first
+    second = run_cell_in_worker(retry, out, extra_env=gpu_env)
+    second.started_at = first.started_at
+    second.duration_s = (first.duration_s or 0.0) + (second.duration_s or 0.0)
+    first_attempt = f"first attempt at batch_size {spec.batch_size}: {first.reason}"
+    second.detail = "\n".join(text for text in (first_attempt, second.detail) if text)
+    return second
+
+
+def _why_no_retry(retry: CellSpec, left_s: float) -> str:
+    if retry.batch_size < 1:
+        return f"batch_size {retry.retried_from_batch_size} cannot be halved"
+    if left_s < MIN_RETRY_S:
+        return "no time left within the cell's limit"
+    try:
+        check_cell(retry)
+    except BadInput as exc:
+        return str(exc)
+    return ""
 
 
 def _models(args: argparse.Namespace) -> int:

@@ -229,7 +229,7 @@ def check_variant_gpus(variants: Mapping[str, str], limit: int | None) -> None:
     if limit < 1:
         raise ConfigError(
             f"resources: gpu={limit} runs no CUDA cell; on a GPU node give --resources gpu=N "
-            "(N = its GPUs) or use --profile profiles/gpu-node"
+            "(N = its GPUs) or use --workflow-profile profiles/gpu-node"
         )
     for name, knobs in variants.items():
         needed = parse_knobs(knobs).world_size

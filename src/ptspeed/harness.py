@@ -44,12 +44,40 @@ class VariantRun:
     leading_values: list[Any]
 
 
-def run_cell(spec: CellSpec) -> Record:
+class SingleProcess:
+    """How the cell takes part: alone in this process. :class:`ptspeed.distributed.Rank` is
+    the same interface for one process of a ddp/fsdp cell."""
+
+    reports = True  # whether this process checks numerics (rank 0 only)
+
+    def device(self, requested: str) -> torch.device:
+        return resolve_device(requested)
+
+    def threads(self, requested: int) -> int:
+        return requested
+
+    def fault(self, fault: str) -> str:
+        return fault
+
+    def wrap(self, model: Any, knobs: Knobs, device: torch.device) -> tuple[Any, Knobs]:
+        """The model to step and the knobs still to apply to it (see steps.make_step)."""
+        if knobs.parallel:
+            raise RuntimeError(f"{knobs.parallel} runs under torchrun (ptspeed.runner), not alone")
+        return model, knobs
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+    def combine(self, metrics: Metrics) -> Metrics:
+        return metrics
+
+
+def run_cell(spec: CellSpec, placement: SingleProcess | None = None) -> Record:
     """Run ``spec`` here and return its record, whatever happens."""
     record = Record(cell=spec, status="ok", started_at=utc_now())
     begun = time.perf_counter()
     try:
-        _run(spec, record)
+        _run(spec, record, placement or SingleProcess())
     except Unsupported as exc:
         record.status, record.reason = "unsupported", str(exc)
     except BaseException as exc:
@@ -63,11 +91,12 @@ def run_cell(spec: CellSpec) -> Record:
     return record
 
 
-def _run(spec: CellSpec, record: Record) -> None:
+def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     record.provenance = collect_base()
-    device = resolve_device(spec.device)
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    device = placement.device(spec.device)
+    threads = placement.threads(spec.threads)
+    if threads:
+        torch.set_num_threads(threads)
     record.provenance = collect(torch, device)
     knobs = parse_knobs(spec.knobs)
     model_spec = get_model(spec.model)
@@ -85,13 +114,15 @@ def _run(spec: CellSpec, record: Record) -> None:
     flops = count_flops_per_sample(model_spec, model, host_batch, spec.mode, device)
     model.load_state_dict(initial_state)
 
-    run = _measure_variant(spec, model_spec, model, knobs, host_batch, device)
+    run = _measure_variant(spec, model_spec, model, knobs, host_batch, device, placement)
     record.metrics = run.metrics
     if flops is not None and run.metrics.throughput_samples_per_s:
         record.metrics.flops_per_sample = flops
         record.metrics.achieved_flops_per_s = flops * run.metrics.throughput_samples_per_s
     del model
     _release_memory(device)
+    if not placement.reports:
+        return
     record.numerics = _check_numerics(
         spec, model_spec, knobs, host_batch, initial_state, run, device
     )
@@ -112,9 +143,11 @@ def _measure_variant(
     knobs: Knobs,
     host_batch: Batch,
     device: torch.device,
+    placement: SingleProcess,
 ) -> VariantRun:
     scale = WRONG_OUTPUT_SCALE if spec.fault == "numerics" else 1.0
-    step = make_step(model_spec, model, knobs, spec.mode, device, output_scale=scale)
+    model, step_knobs = placement.wrap(model, knobs, device)
+    step = make_step(model_spec, model, step_knobs, spec.mode, device, output_scale=scale)
     total_steps = spec.warmup_steps + spec.measured_steps
     next_batch = batch_supplier(host_batch, knobs, device, total_steps)
     _reset_peak_memory(device)
@@ -123,8 +156,9 @@ def _measure_variant(
     torch.manual_seed(spec.seed)
 
     timer = make_timer(torch, device)
+    placement.barrier()
     timer.begin()
-    _inject_fault(spec.fault)
+    _inject_fault(placement.fault(spec.fault))
     first_output = step(next_batch())
     timer.end()
     first_step_s = timer.result().wall_s
@@ -136,6 +170,7 @@ def _measure_variant(
     timer.end()
     warmup_s = timer.result().wall_s
 
+    placement.barrier()
     timing, last_output = timed_loop(
         make_timer(torch, device), lambda: step(next_batch()), spec.measured_steps
     )
@@ -151,7 +186,9 @@ def _measure_variant(
         warmup_s=warmup_s,
         peak_memory_bytes=memory_bytes,
         memory_kind=memory_kind,
+        batch_size_per_process=spec.batch_size,
     )
+    metrics = placement.combine(metrics)
     if spec.mode == "train":
         metrics.loss_first = finite_or_none(leading[0])
         metrics.loss_last = finite_or_none(float(last_output.float().item()))

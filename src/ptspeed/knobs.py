@@ -12,6 +12,19 @@ A variant is written as knobs joined by ``+``, each ``name`` or ``name=value``::
     loader=N                   DataLoader over host tensors with N workers, copied each step
     pin                        pinned host memory and non-blocking copies (with loader, CUDA)
     memfrac=F                  torch.cuda.set_per_process_memory_fraction(F) (CUDA)
+    ddp                        DistributedDataParallel over several processes (torchrun)
+    fsdp                       FullyShardedDataParallel (the whole model as one unit)
+    fsdp=offload               FSDP with CPUOffload(offload_params=True) (CUDA)
+    procs=N                    processes of ddp/fsdp, 1 to 64 (default 2)
+
+Distributed variants (ddp, fsdp) run N processes started by torchrun: NCCL on CUDA (one GPU
+per process), gloo on the CPU (the cell's threads divided among them). Every process trains
+on the same seeded batch, so batch_size is per process, the trajectory is that of eager on
+one process (and is checked against it), and the throughput is the global one:
+procs x batch_size x steps / the slowest process's wall time. Recorded as unsupported: fsdp
+on the CPU before torch 2.1 (it fails in 1.13.1 and 2.0.1, runs in 2.14.1); fsdp=offload off
+CUDA (FSDP pins the offloaded shards); fsdp with fp16 AMP (needs ShardedGradScaler); ddp or
+fsdp with cudagraphs; on CUDA, procs=N with fewer than N visible GPUs.
 
 This module needs no torch: parsing happens before any process imports it. What a given
 torch and device can do is decided by :func:`unsupported_reason`.
@@ -24,6 +37,12 @@ from dataclasses import dataclass
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 AMP_DTYPES = ("auto", "fp16", "bf16")
+FSDP_OPTIONS = ("offload",)
+DEFAULT_PROCESSES = 2
+MAX_PROCESSES = 64
+# Tried with 2 gloo processes: FSDP fails on the CPU in 1.13.1 and 2.0.1 ("Found no NVIDIA
+# driver"), runs in 2.14.1 (given device_id=cpu). CPU support landed in mid-2023 (pytorch#103171).
+FSDP_ON_CPU_SINCE = (2, 1)
 KNOB_NAMES = (
     "eager",
     "compile",
@@ -34,6 +53,9 @@ KNOB_NAMES = (
     "loader",
     "pin",
     "memfrac",
+    "ddp",
+    "fsdp",
+    "procs",
 )
 _NAME_PATTERN = re.compile(r"[a-z0-9_]+(=[a-z0-9_.-]+)?")  # fullmatch: "$" would allow "\n"
 
@@ -52,10 +74,18 @@ class Knobs:
     loader_workers: int | None = None
     pin_memory: bool = False
     memory_fraction: float | None = None
+    parallel: str | None = None  # "ddp" or "fsdp"
+    cpu_offload: bool = False
+    processes: int = 1
 
     @property
     def is_eager_fp32(self) -> bool:
         return self == Knobs()
+
+    @property
+    def world_size(self) -> int:
+        """Processes the cell runs as: ``procs`` for ddp/fsdp, else 1."""
+        return self.processes if self.parallel else 1
 
     def precision(self, device_type: str) -> str:
         """fp32, fp16 or bf16: the precision the step computes in on ``device_type``."""
@@ -86,7 +116,17 @@ def parse_knobs(text: str) -> Knobs:
         raise BadInput(f"knobs: pin needs loader in {text!r} (pinning applies to host batches)")
     if "eager" in seen and len(seen) > 1:
         raise BadInput(f"knobs: eager cannot be combined with other knobs in {text!r}")
+    _check_distributed(seen, settings, text)
     return Knobs(**settings)  # type: ignore[arg-type]
+
+
+def _check_distributed(seen: set[str], settings: dict[str, object], text: str) -> None:
+    if {"ddp", "fsdp"} <= seen:
+        raise BadInput(f"knobs: ddp and fsdp cannot be combined in {text!r} (choose one)")
+    if "procs" in seen and "parallel" not in settings:
+        raise BadInput(f"knobs: procs needs ddp or fsdp in {text!r}")
+    if "parallel" in settings:
+        settings.setdefault("processes", DEFAULT_PROCESSES)
 
 
 def _parse_one(name: str, value: str) -> dict[str, object]:
@@ -108,6 +148,13 @@ def _parse_one(name: str, value: str) -> dict[str, object]:
         return {"loader_workers": _integer(name, value or "0", minimum=0, maximum=64)}
     if name == "memfrac":
         return {"memory_fraction": _fraction(value)}
+    if name == "ddp":
+        return _flag(name, value, {"parallel": "ddp"})
+    if name == "fsdp":
+        offload = bool(value) and _choice(name, value, FSDP_OPTIONS) == "offload"
+        return {"parallel": "fsdp", "cpu_offload": offload}
+    if name == "procs":
+        return {"processes": _integer(name, value, minimum=1, maximum=MAX_PROCESSES)}
     raise BadInput(f"knobs: unknown knob {name!r} (accepted: {', '.join(KNOB_NAMES)})")
 
 
@@ -175,4 +222,31 @@ def unsupported_reason(
         )
     if knobs.channels_last and not image_model:
         return "channels_last applies to image models (4-D inputs) only"
+    return _distributed_reason(knobs, device_type, torch_version)
+
+
+def _distributed_reason(knobs: Knobs, device_type: str, torch_version: tuple[int, int]) -> str:
+    if knobs.parallel is None:
+        return ""
+    if knobs.cudagraphs:
+        return (
+            f"cudagraphs with {knobs.parallel}: ptspeed captures single-process steps only "
+            "(capturing collectives needs the model wrapped on the capture stream)"
+        )
+    if knobs.parallel != "fsdp":
+        return ""
+    version = ".".join(map(str, torch_version))
+    if device_type != "cuda" and knobs.cpu_offload:
+        return (
+            "fsdp=offload needs a CUDA device: FSDP pins the offloaded shards in page-locked "
+            f"memory, which needs CUDA (this cell runs on {device_type})"
+        )
+    if device_type != "cuda" and torch_version < FSDP_ON_CPU_SINCE:
+        since = ".".join(map(str, FSDP_ON_CPU_SINCE))
+        return f"fsdp on the CPU needs PyTorch >= {since} (FSDP in {version} needs CUDA)"
+    if knobs.precision(device_type) == "fp16":
+        return (
+            "fsdp with fp16 AMP needs ShardedGradScaler (each process holds a shard of the "
+            "gradients) and ptspeed's fp16 step uses GradScaler: use amp=bf16"
+        )
     return ""

@@ -15,10 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ptspeed.gpus import ASSIGNMENT_VARIABLE
 from ptspeed.record import Provenance
 
 PACKAGES = ("torch", "torchvision", "transformers", "numpy")
 CONTAINER_VARIABLES = ("PTSPEED_CONTAINER_IMAGE", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+# Set by the workflow's container runtimes (ptspeed.containers): the image's digest.
+CONTAINER_DIGEST_VARIABLE = "PTSPEED_CONTAINER_DIGEST"
 SOURCE_DIR = Path(__file__).resolve().parent
 
 
@@ -33,8 +36,10 @@ def collect_base() -> Provenance:
         git_dirty=dirty,
         hostname=socket.gethostname(),
         container_image=_container_image(),
+        container_digest=_container_digest(),
         platform=f"{platform.system()} {platform.release()} {platform.machine()}",
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        gpu_assignment=os.environ.get(ASSIGNMENT_VARIABLE, ""),
     )
 
 
@@ -80,6 +85,14 @@ def _container_image() -> str:
         if os.environ.get(variable):
             return os.environ[variable]
     return ""
+
+
+def _container_digest() -> str:
+    """The digest the runtime passed in, else the one a digest-pinned image name carries."""
+    if os.environ.get(CONTAINER_DIGEST_VARIABLE):
+        return os.environ[CONTAINER_DIGEST_VARIABLE]
+    name, separator, digest = _container_image().rpartition("@")
+    return digest if separator and name and digest.startswith("sha256:") else ""
 
 
 def _run(command: list[str], cwd: Path | None = None) -> str | None:

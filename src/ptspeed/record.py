@@ -56,14 +56,26 @@ class CellSpec:
         "Wall-clock limit of the cell; past it the cell is a 'timeout'.", 1800.0
     )
     fault: str = _doc("Injected fault for testing the suite itself ('' in real runs).", "")
+    retried_from_batch_size: Optional[int] = _doc(
+        "The configured batch size, when it ran out of memory and this record is of the retry at "
+        "half of it (config oom_retry); null when not retried.",
+        None,
+    )
 
 
 @dataclass
 class Metrics:
-    """What was measured. Times in seconds; absent values are null."""
+    """What was measured. Times in seconds; absent values are null.
+
+    In a distributed cell (world_size > 1) every process trains on its own batch of
+    cell.batch_size samples: the throughput is global, and the times and peak memory are the
+    largest over the processes, except step_times_s (those of rank 0).
+    """
 
     throughput_samples_per_s: Optional[float] = _doc(
-        "batch_size x measured_steps / wall time of the measured steps.", None
+        "world_size x batch_size x measured_steps / wall time of the measured steps (samples/s "
+        "over all processes; batch_size is per process).",
+        None,
     )
     measured_wall_s: Optional[float] = _doc("Wall time of the measured steps (synchronised).", None)
     step_time_p50_s: Optional[float] = _doc("Median measured step time.", None)
@@ -85,6 +97,21 @@ class Metrics:
     )
     achieved_flops_per_s: Optional[float] = _doc(
         "flops_per_sample x throughput_samples_per_s.", None
+    )
+    world_size: int = _doc("Processes that trained together (ddp/fsdp); 1 otherwise.", 1)
+    batch_size_per_process: Optional[int] = _doc(
+        "Samples per step in each process (cell.batch_size); the global batch is world_size x it.",
+        None,
+    )
+    distributed_backend: str = _doc(
+        "Process group backend of a distributed cell: 'nccl' (CUDA) or 'gloo' (CPU); '' otherwise.",
+        "",
+    )
+    rank_measured_wall_s: list[float] = _doc(
+        "Each process's wall time of the measured steps, by rank (distributed cells); "
+        "measured_wall_s is the largest. A rank's own throughput is batch_size x measured_steps "
+        "/ its time.",
+        [],
     )
 
 
@@ -125,6 +152,9 @@ class Provenance:
     device_name: str = _doc("GPU name, or the CPU model on CPU.", "")
     device_index: Optional[int] = _doc("CUDA device index used, null on CPU.", None)
     cuda_visible_devices: str = _doc("CUDA_VISIBLE_DEVICES as the cell saw it.", "")
+    gpu_assignment: str = _doc(
+        "How the cell's GPUs were chosen: the ids claimed and the node's pool ('' on CPU).", ""
+    )
     gpu_driver: str = _doc("NVIDIA driver version ('' without a GPU).", "")
     cpu_model: str = _doc("CPU model name.", "")
     cpu_count: int = _doc("Logical CPUs of the machine.", 0)
@@ -135,6 +165,9 @@ class Provenance:
     git_dirty: Optional[bool] = _doc("Whether the checkout had uncommitted changes.", None)
     hostname: str = _doc("Host name.", "")
     container_image: str = _doc("Container image (name or digest), '' outside containers.", "")
+    container_digest: str = _doc(
+        "Digest (sha256:…) of the container image, '' outside containers or when unknown.", ""
+    )
     platform: str = _doc("OS and architecture.", "")
 
 

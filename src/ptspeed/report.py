@@ -76,6 +76,15 @@ def format_int(value: Any) -> str:
     return BLANK if is_blank(value) else str(int(value))
 
 
+def format_batch(batch_size: Any, retried_from: Any = None) -> str:
+    """A batch size, and the one it was retried from after running out of memory:
+    ``"8 (retried from 16)"``."""
+    if is_blank(retried_from):
+        return format_int(batch_size)
+    origins = [format_int(float(v)) for v in str(retried_from).split(",") if v.strip()]
+    return f"{format_int(batch_size)} (retried from {', '.join(origins)})"
+
+
 def format_samples_per_s(value: Any) -> str:
     return BLANK if is_blank(value) else f"{float(value):.1f}"
 
@@ -372,7 +381,8 @@ def _summary_row(row: Mapping[str, Any]) -> list[str]:
     spread = BLANK if is_blank(low) else f"{format_samples_per_s(low)}–{format_samples_per_s(high)}"
     return [
         *(format_text(row[k]) for k in ("env", "model", "variant", "mode")),
-        *(format_int(row[k]) for k in ("batch_size", "image_size", "seq_len")),
+        format_batch(row["batch_size"], row.get("retried_from_batch_size")),
+        *(format_int(row[k]) for k in ("image_size", "seq_len")),
         f"{format_int(row['trials'])} ({format_text(row['statuses'])})",
         format_rate_interval(
             row["median_samples_per_s"],
@@ -447,9 +457,14 @@ def failures_section(inputs: ReportInputs) -> Section:
     return Section(
         id="failures",
         title="Failures, unsupported, missing and noisy cells",
-        intro=f"Records by status: {counts}. Every record whose status is not ok, with its reason.",
+        intro=(
+            f"Records by status: {counts}. Every record whose status is not ok, with its reason "
+            "(stale: a record of another cell than the configuration asks for, e.g. left by an "
+            "older configuration; it is not counted)."
+        ),
         blocks=[
             Block(table=failures),
+            *_retried_blocks(runs),
             Block(
                 table=noise,
                 heading="Noisy cells",
@@ -464,13 +479,37 @@ def failures_section(inputs: ReportInputs) -> Section:
 
 
 def _failure_row(row: Mapping[str, Any]) -> list[str]:
+    reason = format_text(row["reason"])
+    if not is_blank(row.get("fault")):
+        reason += f" [injected fault: {row['fault']}]"
     return [
         *(format_text(row[k]) for k in ("env", "model", "variant", "mode")),
-        format_int(row["batch_size"]),
+        format_batch(row["batch_size"], row.get("retried_from_batch_size")),
         format_int(row["trial"]),
         format_text(row["status"]),
-        format_text(row["reason"]),
+        reason,
     ]
+
+
+def _retried_blocks(runs: pd.DataFrame) -> list[Block]:
+    """The trials run again at half the batch size after running out of memory (oom_retry)."""
+    if "retried_from_batch_size" not in runs.columns:
+        return []
+    retried = runs[~runs["retried_from_batch_size"].map(is_blank)]
+    if retried.empty:
+        return []
+    table = Table(
+        headers=FAILURE_HEADERS,
+        rows=[_failure_row(row) for row in retried.to_dict("records")],
+        numeric=frozenset({5}),
+        wrap=frozenset({4, 7}),
+    )
+    note = (
+        "These trials ran out of memory at the configured batch size and ran again at half of "
+        "it (oom_retry). They are summarised at the batch size they ran, apart from the "
+        "configured one, and a speedup only pairs cells of the same batch size."
+    )
+    return [Block(table=table, heading="Retried at half the batch size", note=note)]
 
 
 def _noisy_row(row: Mapping[str, Any]) -> list[str]:

@@ -5,6 +5,10 @@ spec, waits at most the cell's time limit, and then writes the record atomically
 own record when it finished, otherwise a ``timeout`` or ``failed`` record that says what
 happened (exit code, signal, the end of its stderr). The worker's process group is killed on
 timeout so that DataLoader workers and compile subprocesses go with it.
+
+A ddp/fsdp cell's worker is torchrun with its ranks (:mod:`ptspeed.torchrun`): on timeout or
+SIGTERM torchrun ends its ranks, and the ranks die with torchrun should it be killed outright.
+The cell's record is made from the ranks' outcomes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from ptspeed import torchrun
+from ptspeed.knobs import BadInput, parse_knobs
 from ptspeed.provenance import collect_base
 from ptspeed.record import CellSpec, Record, read_record, utc_now, write_record
 from ptspeed.worker import WATCHDOG_PID_VARIABLE
@@ -27,36 +33,68 @@ STDERR_TAIL_CHARS = 3000
 KILL_GRACE_S = 5.0
 
 
-def run_cell_in_worker(spec: CellSpec, out: Path, python: str = sys.executable) -> Record:
+def run_cell_in_worker(
+    spec: CellSpec,
+    out: Path,
+    python: str = sys.executable,
+    extra_env: dict[str, str] | None = None,
+) -> Record:
     """Run ``spec`` in a worker process under a watchdog and write its record to ``out``.
 
-    SIGTERM (a scheduler's time limit, Snakemake being stopped) ends the worker and writes
-    nothing: an interrupted cell has no record, so a rerun runs it again.
+    ``extra_env`` is added to the worker's environment. SIGTERM (a scheduler's time limit,
+    Snakemake being stopped) ends the worker and writes nothing: an interrupted cell has no
+    record, so a rerun runs it again.
     """
     signal.signal(signal.SIGTERM, _raise_interrupt)
     started_at = utc_now()
     begun = time.perf_counter()
+    ranks = _torchrun_ranks(spec)
     with tempfile.TemporaryDirectory(prefix="ptspeed-cell-") as scratch:
         result_path = Path(scratch) / "record.json"
         stderr_path = Path(scratch) / "stderr.txt"
-        returncode, timed_out = _run_worker(spec, result_path, stderr_path, python)
-        record = _worker_record(result_path)
+        command = _worker_command(spec, result_path, python, ranks)
+        returncode, timed_out = _run_worker(spec, command, stderr_path, extra_env or {})
+        if ranks and not timed_out:
+            launcher_output = _tail(stderr_path, chars=None)
+            record = torchrun.merged_record(spec, result_path, ranks, launcher_output, returncode)
+        else:
+            record = _worker_record(result_path)
         if record is None:
             record = _record_without_worker_result(spec, returncode, timed_out, _tail(stderr_path))
+        if not record.started_at:
             record.started_at = started_at
             record.finished_at = utc_now()
             record.duration_s = time.perf_counter() - begun
+            record.detail = record.detail or _tail(stderr_path)
     write_record(record, out)
     return record
 
 
+def _torchrun_ranks(spec: CellSpec) -> int:
+    """The processes torchrun starts for ``spec`` (ddp/fsdp, even procs=1); 0: no torchrun."""
+    try:
+        knobs = parse_knobs(spec.knobs)
+    except BadInput:
+        return 0  # the worker records the bad knobs as a failure
+    return knobs.world_size if knobs.parallel else 0
+
+
+def _worker_command(spec: CellSpec, result_path: Path, python: str, ranks: int) -> list[str]:
+    arguments = [json.dumps(asdict(spec)), str(result_path)]
+    launch = [torchrun.LAUNCH_FLAG] if ranks else []
+    return [python, "-m", "ptspeed.worker", *launch, *arguments]
+
+
 def _run_worker(
-    spec: CellSpec, result_path: Path, stderr_path: Path, python: str
+    spec: CellSpec, command: list[str], stderr_path: Path, extra_env: dict[str, str]
 ) -> tuple[int | None, bool]:
-    command = [python, "-m", "ptspeed.worker", json.dumps(asdict(spec)), str(result_path)]
     with open(stderr_path, "w+", encoding="utf-8") as stderr:
         process = subprocess.Popen(
-            command, stdout=None, stderr=stderr, start_new_session=True, env=_worker_env()
+            command,
+            stdout=None,
+            stderr=stderr,
+            start_new_session=True,
+            env=_worker_env(extra_env),
         )
         try:
             process.wait(timeout=spec.timeout_s)
@@ -75,8 +113,8 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
 
-def _worker_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _worker_env(extra_env: dict[str, str]) -> dict[str, str]:
+    env = {**os.environ, **extra_env}
     source_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
     env[WATCHDOG_PID_VARIABLE] = str(os.getpid())
@@ -122,9 +160,9 @@ def _record_without_worker_result(
     )
 
 
-def _tail(path: Path) -> str:
+def _tail(path: Path, chars: int | None = STDERR_TAIL_CHARS) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")[-STDERR_TAIL_CHARS:]
+        return path.read_text(encoding="utf-8", errors="replace")[-chars if chars else 0 :]
     except OSError:
         return ""
 

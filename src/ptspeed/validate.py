@@ -10,18 +10,22 @@ from ptspeed.record import CellSpec
 
 MODES = ("train", "infer")
 DEVICES = ("auto", "cpu", "cuda")
-FAULTS = ("", "error", "oom", "hang", "crash", "numerics")
+# Injected faults for testing the suite (ptspeed.faults); oom-once is handled by the cell command.
+FAULTS = ("", "error", "oom", "hang", "crash", "numerics", "oom-once", "rank-error", "rank-crash")
+RANK_FAULTS = ("rank-error", "rank-crash")  # the last rank of a ddp/fsdp cell raises or dies
 MAX_STEPS = 100_000
 
 
 def check_cell(spec: CellSpec) -> None:
     """Raise :class:`BadInput` for the first field of ``spec`` that cannot work."""
     check_sizes(spec.model, Sizes(spec.batch_size, spec.image_size, spec.seq_len))
-    parse_knobs(spec.knobs)
+    knobs = parse_knobs(spec.knobs)
     _one_of("mode", spec.mode, MODES)
     if not (spec.device in DEVICES or re.fullmatch(r"cuda:[0-9]+", spec.device)):
         raise BadInput(f"device: {spec.device!r} is not one of {', '.join(DEVICES)} or cuda:N")
     _one_of("fault", spec.fault, FAULTS)
+    if spec.fault in RANK_FAULTS and knobs.world_size < 2:
+        raise BadInput(f"fault: {spec.fault} needs a ddp or fsdp variant with procs >= 2")
     _in_range("measured_steps", spec.measured_steps, 1, MAX_STEPS)
     _in_range("warmup_steps", spec.warmup_steps, 1, MAX_STEPS)
     _in_range("numerics_steps", spec.numerics_steps, 0, spec.warmup_steps)

@@ -1,6 +1,8 @@
 """The worker process of one cell: ``python -m ptspeed.worker SPEC_JSON RESULT_PATH``.
 
 Started by :mod:`ptspeed.runner`, never by hand. It writes the record to RESULT_PATH.
+A ddp/fsdp cell starts as ``--launch``, which becomes torchrun, which starts the ranks as
+``--rank`` (see :mod:`ptspeed.torchrun`); each rank writes its own outcome beside RESULT_PATH.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 WATCHDOG_PID_VARIABLE = "PTSPEED_WATCHDOG_PID"
@@ -19,7 +23,9 @@ WATCHDOG_PID_VARIABLE = "PTSPEED_WATCHDOG_PID"
 def die_with_parent() -> None:
     """Ask Linux to kill this worker when its watchdog dies, even by SIGKILL: the worker runs
     in its own session, so no signal sent to the watchdog's process group reaches it. Done
-    before torch is imported, and followed by a check that the watchdog did not die first."""
+    before torch is imported, and followed by a check that the watchdog did not die first.
+    For a rank of a distributed cell the parent is torchrun (the variable then names it), and
+    torchrun in turn dies with the watchdog."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     expected = os.environ.get(WATCHDOG_PID_VARIABLE)
@@ -29,12 +35,34 @@ def die_with_parent() -> None:
 
 def main(argv: list[str]) -> int:
     die_with_parent()
-    from ptspeed.harness import run_cell
-    from ptspeed.record import CellSpec, write_record
+    from ptspeed.record import CellSpec
+    from ptspeed.torchrun import LAUNCH_FLAG, RANK_FLAG
 
-    spec = CellSpec(**json.loads(argv[0]))
-    write_record(run_cell(spec), argv[1])
+    if argv[0] == LAUNCH_FLAG:
+        launch_torchrun(argv[1:])
+    if argv[0] == RANK_FLAG:
+        from ptspeed.distributed import run_rank
+
+        return run_rank(CellSpec(**json.loads(argv[1])), Path(argv[2]))
+    from ptspeed.harness import run_cell
+    from ptspeed.record import write_record
+
+    write_record(run_cell(CellSpec(**json.loads(argv[0]))), argv[1])
     return 0
+
+
+def launch_torchrun(argv: list[str]) -> NoReturn:
+    """Become torchrun (exec: same pid, so the watchdog's kill and our PR_SET_PDEATHSIG still
+    apply), with the ranks' parent check pointed at it."""
+    from ptspeed.knobs import parse_knobs
+    from ptspeed.torchrun import threads_per_process, torchrun_command
+
+    spec = json.loads(argv[0])
+    world_size = parse_knobs(spec["knobs"]).world_size
+    os.environ[WATCHDOG_PID_VARIABLE] = str(os.getpid())
+    os.environ["OMP_NUM_THREADS"] = str(threads_per_process(spec["threads"], world_size))
+    command = torchrun_command(sys.executable, world_size, argv)
+    os.execv(command[0], command)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,15 @@ rule cell:
         env_container
     threads: cell_threads()
     resources:
+        **SLURM_RESOURCES,
         gpu=cell_gpus,
         runtime=runtime_minutes(config),
         mem_mb=config["mem_mb"],
+        cpus_per_task=cell_cpus,
     params:
         python=env_python,
         arguments=cell_arguments,
+        settings=cell_settings,
         src=Path(workflow.basedir) / "src",
     shell:
         "PYTHONPATH={params.src:q} {params.python} -m ptspeed cell {params.arguments}"

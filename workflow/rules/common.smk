@@ -8,44 +8,33 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
+from ptspeed.cluster import (
+    check_cluster,
+    check_gpu_limit,
+    cpus_per_cell,
+    slurm_resources,
+)
+from ptspeed.config import prepare_config
+from ptspeed.containers import (
+    ENGINES,
+    ContainerConfigError,
+    check_container_config,
+    container_settings,
+    digest_of,
+    engine_for_images,
+)
 from ptspeed.envbuild import lock_hash
+from ptspeed.gpus import check_variant_gpus
+from ptspeed.knobs import parse_knobs
 from ptspeed.matrix import (
     ConfigError,
     cells,
-    check_config,
     model_sizes,
     runtime_minutes,
 )
-
-
-def validated_config(raw):
-    try:
-        validate(raw, schema="../schemas/config.schema.yaml", set_default=True)
-    except WorkflowError as exc:
-        raise WorkflowError(f"config: {schema_error(exc)}") from None
-    for key, default in (("warmup", 3), ("measured", 10), ("numerics", 2)):
-        raw["steps"].setdefault(key, default)
-    return raw
-
-
-def schema_error(exc):
-    """'key.path: message' of the schema violation that ``validate`` wrapped in ``exc``."""
-    error = exc.__context__
-    if error is None or not hasattr(error, "absolute_path"):
-        return first_line(exc)
-    key = ".".join(str(part) for part in error.absolute_path)
-    return f"{key}: {error.message}" if key else error.message
-
-
-def first_line(exc):
-    text = " ".join(str(a) for a in exc.args) or str(exc)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    detail = [line for line in lines if not line.startswith("Error validating")]
-    return detail[0] if detail else lines[0]
 
 
 def detect_device_class(requested):
@@ -58,10 +47,11 @@ def detect_device_class(requested):
     return "cuda" if listed.returncode == 0 and "GPU" in listed.stdout else "cpu"
 
 
-config = validated_config(config)
-DEVICE_CLASS = detect_device_class(config["device"])
+# Checks the config (schema, paths, cross-references) and fills its defaults in place.
 try:
-    check_config(config, DEVICE_CLASS)
+    DEVICE_CLASS = prepare_config(
+        config, detect_device_class, Path.cwd(), workflow.configfiles
+    )
 except ConfigError as exc:
     raise WorkflowError(f"config: {exc}") from None
 
@@ -71,6 +61,40 @@ ENVIRONMENTS = config["environments"]
 CELLS = list(cells(config, DEVICE_CLASS))
 NAME = r"[a-z0-9][a-z0-9._-]*"
 HOST_PYTHON = shlex.quote(sys.executable)
+
+
+def jobs_go_to_scheduler():
+    """Whether cells run as cluster jobs (e.g. --executor slurm). workflow.executor_plugin is
+    still None while the Snakefile is parsed (Workflow.execute sets it later), but the command
+    line moves --jobs into --cores for a local executor, so in the main process nodes is set
+    only for a remote one; inside the cluster job Snakemake runs in remote mode."""
+    return workflow.remote_exec or (
+        workflow.is_main_process and workflow.resource_settings.nodes is not None
+    )
+
+
+def gpu_limit():
+    """The --resources gpu=N of the command line or a profile, None when not given."""
+    limit = workflow.resource_settings.resources.get("gpu")
+    return getattr(limit, "value", limit)
+
+
+ON_SCHEDULER = jobs_go_to_scheduler()
+if workflow.is_main_process:
+    try:
+        check_cluster(config["cluster"], ON_SCHEDULER)
+    except ConfigError as exc:
+        raise WorkflowError(f"config: {exc}") from None
+    try:
+        check_gpu_limit(gpu_limit(), DEVICE_CLASS == "cuda", ON_SCHEDULER)
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
+    if DEVICE_CLASS == "cuda" and not ON_SCHEDULER:
+        try:
+            check_variant_gpus(config["variants"], gpu_limit())
+        except ConfigError as exc:
+            raise WorkflowError(f"config: {exc}") from None
+SLURM_RESOURCES = slurm_resources(config["cluster"])
 
 
 wildcard_constraints:
@@ -92,6 +116,15 @@ def record_paths(wildcards):
 RECORD_PATHS = [f"{RESULTS}/{cell.path}" for cell in CELLS]
 
 
+if workflow.is_main_process:
+    try:
+        check_container_config(config)
+    except ContainerConfigError as exc:
+        raise WorkflowError(f"config: {exc}") from None
+CONTAINERS = container_settings(config)
+IMAGE_ENGINE = engine_for_images(CONTAINERS)
+
+
 def uses_container(env):
     """Whether cells of ``env`` run in its image: kind container, or any env under
     --use-singularity / --sdm apptainer when it names an image."""
@@ -103,8 +136,30 @@ def uses_container(env):
     return spec["kind"] == "container" or (in_apptainer and bool(spec.get("container")))
 
 
+def container_engine(env):
+    """docker or podman when the cells of ``env`` run in ``docker run`` / ``podman run`` of the
+    image the workflow built or pulled (kind container, containers.runtime docker or podman);
+    None when they do not (Snakemake's container directive or no container)."""
+    if ENVIRONMENTS[env]["kind"] == "container" and CONTAINERS["runtime"] in ENGINES:
+        return CONTAINERS["runtime"]
+    return None
+
+
+def image_manifest(env):
+    """The manifest of the environment's image, which its cells run."""
+    return f"{RESULTS}/images/{env}.json"
+
+
+def workflow_sif(env):
+    """The Apptainer image rule sif makes, when the environment's container names it."""
+    path = f"{RESULTS}/images/{env}.sif"
+    return path if ENVIRONMENTS[env].get("container") == path else None
+
+
 def env_container(wildcards):
     env = wildcards.env
+    if container_engine(env):
+        return None
     return ENVIRONMENTS[env].get("container") if uses_container(env) else None
 
 
@@ -114,10 +169,16 @@ def venv_dir(env):
 
 
 def env_ready_file(wildcards):
-    """The build_env output a cell waits for (none for host and container cells)."""
-    if ENVIRONMENTS[wildcards.env]["kind"] != "venv" or uses_container(wildcards.env):
+    """What a cell waits for: its venv (build_env), its image's manifest (docker or podman),
+    the Apptainer image the workflow makes, or nothing (host, a registry image)."""
+    env = wildcards.env
+    if container_engine(env):
+        return image_manifest(env)
+    if uses_container(env):
+        return workflow_sif(env) or []
+    if ENVIRONMENTS[env]["kind"] != "venv":
         return []
-    return f"{RESULTS}/envs/{wildcards.env}.json"
+    return f"{RESULTS}/envs/{env}.json"
 
 
 def env_python(wildcards):
@@ -128,11 +189,39 @@ def env_python(wildcards):
 def interpreter(env):
     """The shell-quoted Python that runs the cells of ``env``, worked out once per environment
     (it hashes the lock file: 2,000 cells would do that 2,000 times)."""
+    engine = container_engine(env)
+    if engine:
+        return container_launcher(env, engine)
     if uses_container(env):
-        return "python"
+        digest = digest_of(ENVIRONMENTS[env].get("container", ""))
+        return f"PTSPEED_CONTAINER_DIGEST={digest} python" if digest else "python"
     if ENVIRONMENTS[env]["kind"] == "host":
         return shlex.quote(sys.executable)
     return shlex.quote(str(Path(venv_dir(env)).resolve() / "bin" / "python"))
+
+
+def container_launcher(env, engine):
+    """``python`` in ``docker run`` / ``podman run`` of the environment's image: the working
+    directory and the results mounted at their own paths, on cuda with the GPUs."""
+    here = Path.cwd()
+    arguments = [
+        sys.executable,
+        Path(workflow.basedir) / "scripts" / "container_run.py",
+        "--engine",
+        engine,
+        "--manifest",
+        image_manifest(env),
+        *(["--gpus"] if DEVICE_CLASS == "cuda" else []),
+        "--mount",
+        here,
+        "--mount",
+        Path(RESULTS).resolve(),
+        "--workdir",
+        here,
+        "--",
+        "python",
+    ]
+    return " ".join(shlex.quote(str(a)) for a in arguments)
 
 
 def cell_arguments(wildcards, threads):
@@ -168,12 +257,30 @@ def cell_arguments(wildcards, threads):
         threads if DEVICE_CLASS == "cpu" else 0,
         "--timeout",
         config["timeout_s"],
+        *(["--oom-retry"] if config["oom_retry"] else []),
     ]
     return " ".join(shlex.quote(str(a)) for a in arguments)
 
 
+def cell_settings(wildcards):
+    """What a cell measures as configured: its arguments with the thread count left out. A
+    params function of the wildcards alone is tracked by Snakemake's params trigger (one that
+    takes threads, as cell_arguments does, is not), so a changed knob string, size, step count,
+    time limit or threads setting reruns exactly the cells it affects."""
+    return f"{cell_arguments(wildcards, 0)} threads={config['threads']}"
+
+
 def cell_threads():
-    return config["threads"] or workflow.cores or 1
+    return (
+        cpus_per_cell(config["threads"], config["cluster"], ON_SCHEDULER)
+        or workflow.cores
+        or 1
+    )
+
+
+def cell_cpus(wildcards, threads):
+    """sbatch --cpus-per-task of a cell job: its threads (after any --set-threads)."""
+    return threads
 
 
 def trial_priority(wildcards):
@@ -181,7 +288,12 @@ def trial_priority(wildcards):
 
 
 def cell_gpus(wildcards):
-    return 1 if DEVICE_CLASS == "cuda" else 0
+    """GPUs a cell requests: its processes (procs= of ddp/fsdp, else 1) on CUDA. Which GPUs
+    it gets on the node is decided by the cell itself (ptspeed.gpus): Snakemake only counts.
+    """
+    if DEVICE_CLASS != "cuda":
+        return 0
+    return parse_knobs(config["variants"][wildcards.variant]).world_size
 
 
 def effective_config_json():

@@ -1,0 +1,101 @@
+"""Run a command (a cell) in an environment's image with docker or podman.
+
+    python scripts/container_run.py --engine podman --manifest results/images/torch-2.0.json \\
+        [--gpus] --mount PROJECT --mount RESULTS --workdir DIR -- python -m ptspeed cell ...
+
+The image is the manifest's (run by id, named in the record with its digest); the mounted
+directories appear at the same paths inside, so paths on the command line mean the same thing
+there. Exits with the command's exit status.
+
+Runs from the repository root without the package installed.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from ptspeed.containers import (
+    ENGINES,
+    ContainerError,
+    ImageManifest,
+    passed_environment,
+    run_command,
+)
+
+PROJECT = Path(__file__).resolve().parents[1]
+LOCK_DIR_VARIABLE = "PTSPEED_GPU_LOCK_DIR"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", required=True, choices=ENGINES)
+    parser.add_argument("--manifest", required=True, type=Path, help="the image's manifest")
+    parser.add_argument("--gpus", action="store_true", help="give the container the GPUs")
+    parser.add_argument("--mount", action="append", type=Path, default=[], help="directory")
+    parser.add_argument("--workdir", required=True, type=Path, help="working directory inside")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    parser.add_argument("command", nargs="+", help="what to run inside (after --)")
+    return parser.parse_args(argv)
+
+
+def gpu_lock_mount() -> dict[str, Path]:
+    """The node's GPU lock directory (ptspeed.gpus), shared with the container so that cells
+    in separate containers still claim different GPUs."""
+    from ptspeed.gpus import lock_dir
+
+    directory = lock_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    return {LOCK_DIR_VARIABLE: directory}
+
+
+def code_environment() -> dict[str, str]:
+    """The suite's code as the container sees it: mounted from this checkout, at its commit
+    (the image has no git to ask)."""
+    environment = {"PYTHONPATH": str(PROJECT / "src")}
+    if not os.environ.get("PTSPEED_GIT_COMMIT"):
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=PROJECT, capture_output=True, text=True, check=False
+        )
+        if done.returncode == 0:
+            environment["PTSPEED_GIT_COMMIT"] = done.stdout.strip()
+    return environment
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        manifest = ImageManifest.read(args.manifest)
+    except (OSError, ValueError, TypeError) as error:
+        print(f"error: manifest {args.manifest}: {error}", file=sys.stderr)
+        return 2
+    environment = {**passed_environment(os.environ), **code_environment()}
+    mounts = [PROJECT, *args.mount]
+    if args.gpus:
+        locks = gpu_lock_mount()
+        mounts += locks.values()
+        environment.update({name: str(path) for name, path in locks.items()})
+    command = run_command(
+        args.engine,
+        manifest,
+        args.command,
+        gpus=args.gpus,
+        mounts=mounts,
+        workdir=args.workdir.resolve(),
+        environment=environment,
+    )
+    if args.dry_run:
+        print(" ".join(command))
+        return 0
+    try:
+        os.execvp(command[0], command)
+    except OSError as error:
+        print(f"error: {ContainerError(f'{command[0]}: {error}')}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

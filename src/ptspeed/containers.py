@@ -1,0 +1,361 @@
+"""Container images of the environments: build or pull one, describe it in a manifest, and
+run a cell in it with docker or podman.
+
+An image is built from ``docker/Dockerfile`` with the arguments of one environment (its lock
+file, Python and base image), or pulled from a registry by the environment's ``container``
+reference. Either way the engine is asked what it holds, and the answer (name, local id,
+digest, labels) is written as a JSON manifest that the cells of the environment read: they
+run the image by its id, and the name and digest land in every record through
+``PTSPEED_CONTAINER_IMAGE`` and ``PTSPEED_CONTAINER_DIGEST``.
+
+This module needs no torch and no Snakemake.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ENGINES = ("docker", "podman")
+RUNTIMES = ("apptainer", *ENGINES)
+IMAGE_SOURCES = ("build", "pull")
+IMAGE_VARIABLE = "PTSPEED_CONTAINER_IMAGE"
+DIGEST_VARIABLE = "PTSPEED_CONTAINER_DIGEST"
+RECIPE = Path("docker/Dockerfile")
+INSTALL_SCRIPT = Path("docker/install.sh")
+CA_SECRET_ID = "ca_bundle"
+# Variables of the caller that a cell in a container must see: the GPU choice made by SLURM or
+# the user, the GPU lock directory shared by the cells of a node, the commit of the code.
+PASSED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "PTSPEED_GPU_COUNT", "PTSPEED_GIT_COMMIT")
+LOCKED_PACKAGES = ("torch", "torchvision", "transformers")
+DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
+ENGINE_TIMEOUT_S = 120
+
+
+SETTINGS_DEFAULTS = {
+    "runtime": "apptainer",
+    "images": "build",
+    "builder": "docker",
+    "ca_bundle": "",
+}
+
+
+class ContainerError(Exception):
+    """A build, pull or inspection failed; the message says which command and why."""
+
+
+class ContainerConfigError(ValueError):
+    """The config's containers or container environments do not fit; one line naming the key."""
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What one environment's image is built from."""
+
+    env: str
+    requirements: Path
+    python: str
+    tag: str
+    base_image: str = ""
+    ca_bundle: Path | None = None
+
+    def build_arguments(self) -> dict[str, str]:
+        text = self.requirements.read_text(encoding="utf-8")
+        versions = locked_versions(text)
+        arguments = {
+            "ENV_NAME": self.env,
+            "PYTHON_VERSION": self.python,
+            "TORCH_VERSION": versions.get("torch", ""),
+            "TORCHVISION_VERSION": versions.get("torchvision", ""),
+            "TRANSFORMERS_VERSION": versions.get("transformers", ""),
+            "LOCK_SHA256": hashlib.sha256(text.encode()).hexdigest(),
+        }
+        if self.base_image:
+            arguments["BASE_IMAGE"] = self.base_image
+        return arguments
+
+
+@dataclass(frozen=True)
+class ImageManifest:
+    """An image as the engine holds it: what the cells of ``env`` run."""
+
+    env: str
+    image: str
+    id: str
+    digest: str
+    engine: str
+    source: str
+    base_image: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+        partial.replace(path)
+
+    @classmethod
+    def read(cls, path: Path) -> ImageManifest:
+        return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def container_settings(config: Mapping[str, object]) -> dict[str, str]:
+    """The config's ``containers`` section with its defaults."""
+    given = config.get("containers") or {}
+    assert isinstance(given, Mapping)
+    return {**SETTINGS_DEFAULTS, **given}
+
+
+def engine_for_images(settings: Mapping[str, str]) -> str:
+    """The engine that builds or pulls images: the runtime itself, or the builder for Apptainer."""
+    return settings["runtime"] if settings["runtime"] in ENGINES else settings["builder"]
+
+
+def is_registry_reference(uri: str) -> bool:
+    """Whether docker and podman can pull or name ``uri``: docker:// or no scheme, not a file."""
+    scheme, separator, _ = uri.partition("://")
+    if separator and scheme != "docker":
+        return False
+    return not uri.endswith((".sif", ".simg"))
+
+
+def check_container_config(config: Mapping[str, object]) -> None:
+    """What the schema cannot say about containers; raises :class:`ContainerConfigError`."""
+    settings = container_settings(config)
+    bundle = settings["ca_bundle"]
+    if bundle and not Path(bundle).expanduser().is_file():
+        raise ContainerConfigError(f"containers.ca_bundle: {bundle!r} is not a file")
+    if settings["runtime"] not in ENGINES:
+        return
+    environments = config["environments"]
+    assert isinstance(environments, Mapping)
+    for name, spec in environments.items():
+        if spec["kind"] != "container":
+            continue
+        uri = spec.get("container", "")
+        if not is_registry_reference(uri):
+            raise ContainerConfigError(
+                f"environments.{name}.container: {uri!r} is not an image reference that "
+                f"{settings['runtime']} can run (docker://name[:tag][@sha256:…] or name[:tag])"
+            )
+        if settings["images"] == "build" and not (spec.get("requirements") and spec.get("python")):
+            raise ContainerConfigError(
+                f"environments.{name}: kind container with containers.images build needs "
+                "requirements and python (the lock and Python the image is built with)"
+            )
+
+
+def strip_scheme(uri: str) -> str:
+    """``docker://ghcr.io/x/y:t`` -> ``ghcr.io/x/y:t`` (engines take no scheme)."""
+    return uri.split("://", 1)[1] if "://" in uri else uri
+
+
+def digest_of(reference: str) -> str:
+    """The ``sha256:…`` a reference is pinned to, '' for a tag or a path."""
+    match = DIGEST.search(reference)
+    return match.group(1) if match else ""
+
+
+def build_tag(uri: str) -> str:
+    """The name a built image gets: the environment's reference without scheme or digest."""
+    return DIGEST.sub("", strip_scheme(uri))
+
+
+def locked_versions(requirements: str) -> dict[str, str]:
+    """Versions of torch, torchvision and transformers pinned by a lock file's text."""
+    versions = {}
+    for line in requirements.splitlines():
+        name, separator, version = line.partition("==")
+        if separator and name.strip() in LOCKED_PACKAGES:
+            versions[name.strip()] = version.split()[0].rstrip("\\").strip()
+    return versions
+
+
+def build_command(engine: str, spec: BuildSpec, context: Path, recipe: Path) -> list[str]:
+    """The ``docker build`` / ``podman build`` of ``spec`` from a staged ``context``."""
+    command = [engine, "build", "--network", "host", "-f", str(recipe), "-t", spec.tag]
+    if engine == "podman":
+        # Docker's image format keeps SHELL (the OCI format drops it).
+        command += ["--format", "docker"]
+    for name, value in spec.build_arguments().items():
+        command += ["--build-arg", f"{name}={value}"]
+    if spec.ca_bundle is not None:
+        command += ["--secret", f"id={CA_SECRET_ID},src={spec.ca_bundle}"]
+    return [*command, str(context)]
+
+
+def stage_context(spec: BuildSpec, project: Path, destination: Path) -> Path:
+    """A build context of only what the recipe copies (the project holds gigabytes of venvs)."""
+    for relative in (INSTALL_SCRIPT, Path("envs") / f"{spec.env}.txt"):
+        target = destination / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = project / INSTALL_SCRIPT if relative == INSTALL_SCRIPT else spec.requirements
+        shutil.copy2(source, target)
+    return destination
+
+
+def build_image(engine: str, spec: BuildSpec, project: Path) -> ImageManifest:
+    """Build ``spec`` with ``engine`` (output streams to this process's stdout/stderr)."""
+    with tempfile.TemporaryDirectory(prefix="ptspeed-image-") as staging:
+        context = stage_context(spec, project, Path(staging))
+        _check_call(build_command(engine, spec, context, project / RECIPE), timeout=None)
+    return inspect_image(engine, spec.env, spec.tag, "build", spec.base_image)
+
+
+def pull_image(engine: str, env: str, uri: str) -> ImageManifest:
+    reference = strip_scheme(uri)
+    _check_call([engine, "pull", reference], timeout=None)
+    return inspect_image(engine, env, reference, "pull")
+
+
+def inspect_image(
+    engine: str, env: str, reference: str, source: str, base_image: str = ""
+) -> ImageManifest:
+    """Ask the engine for the image's id, digest and labels."""
+    output = _output([engine, "image", "inspect", reference])
+    try:
+        details = json.loads(output)[0]
+    except (ValueError, IndexError, KeyError) as error:
+        raise ContainerError(f"{engine} image inspect {reference}: unreadable answer") from error
+    labels = (details.get("Config") or {}).get("Labels") or details.get("Labels") or {}
+    return ImageManifest(
+        env=env,
+        image=reference,
+        id=details["Id"] if details["Id"].startswith("sha256:") else f"sha256:{details['Id']}",
+        digest=image_digest(details, reference),
+        engine=engine,
+        source=source,
+        base_image=base_image or labels.get("org.opencontainers.image.base.name", ""),
+        labels=dict(labels),
+    )
+
+
+def image_digest(details: Mapping[str, object], reference: str) -> str:
+    """The manifest digest: the one the reference pins, a registry's, podman's own, else the id.
+
+    Docker knows a manifest digest only for an image pulled from or pushed to a registry; a
+    local build is then named by its id (the digest of its config), which is as exact.
+    """
+    pinned = digest_of(reference)
+    if pinned:
+        return pinned
+    repo_digests = details.get("RepoDigests") or []
+    for repo_digest in repo_digests if isinstance(repo_digests, list) else []:
+        if digest_of(str(repo_digest)):
+            return digest_of(str(repo_digest))
+    own = details.get("Digest")
+    if isinstance(own, str) and own.startswith("sha256:"):
+        return own
+    image_id = str(details.get("Id", ""))
+    return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+
+
+def sif_commands(
+    engine: str | None, manifest: ImageManifest | None, sif: Path, definition: Path, spec: BuildSpec
+) -> list[list[str]]:
+    """How to make an Apptainer image: from the engine's image where there is one, else
+    bootstrapped by Apptainer from the same base with ``docker/ptspeed.def``."""
+    if engine and manifest:
+        archive = sif.with_suffix(".tar")
+        return [
+            [engine, "save", "--output", str(archive), manifest.image],
+            ["apptainer", "build", "--force", str(sif), f"docker-archive://{archive}"],
+            ["rm", "-f", str(archive)],
+        ]
+    command = ["apptainer", "build", "--force"]
+    arguments = {"PROJECT": str(definition.resolve().parents[1]), **spec.build_arguments()}
+    for name, value in arguments.items():
+        command += ["--build-arg", f"{name}={value}"]
+    if spec.ca_bundle is not None:
+        command += ["--bind", f"{spec.ca_bundle}:/run/secrets/{CA_SECRET_ID}"]
+    return [[*command, str(sif), str(definition)]]
+
+
+def run_command(
+    engine: str,
+    manifest: ImageManifest,
+    command: Sequence[str],
+    *,
+    gpus: bool,
+    mounts: Iterable[Path],
+    workdir: Path,
+    environment: Mapping[str, str],
+) -> list[str]:
+    """``docker run`` / ``podman run`` of ``command`` in the manifest's image.
+
+    The caller's user owns what the cell writes (``--user``, or podman's ``keep-id`` when
+    rootless); no network (cells download nothing); the host's IPC namespace, whose shared
+    memory DataLoader workers need (Docker's default 64 MB is too small).
+    """
+    run = [engine, "run", "--rm", "--init", "--network", "none", "--ipc", "host"]
+    if gpus:
+        run += ["--gpus", "all"] if engine == "docker" else ["--device", "nvidia.com/gpu=all"]
+    if engine == "podman" and os.geteuid() != 0:
+        run += ["--userns", "keep-id"]
+    else:
+        run += ["--user", f"{os.getuid()}:{os.getgid()}"]
+    for path in _outermost(mounts):
+        run += ["--volume", f"{path}:{path}"]
+    run += ["--workdir", str(workdir)]
+    variables = {
+        "HOME": "/tmp",
+        IMAGE_VARIABLE: manifest.image,
+        DIGEST_VARIABLE: manifest.digest,
+        **environment,
+    }
+    for name, value in variables.items():
+        run += ["--env", f"{name}={value}"]
+    return [*run, manifest.id, *command]
+
+
+def passed_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The caller's variables that the cell in the container must see, where set."""
+    return {name: environ[name] for name in PASSED_VARIABLES if environ.get(name)}
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    """Resolved, without duplicates and without paths inside another one."""
+    resolved = sorted({Path(p).resolve() for p in paths}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in resolved:
+        if not any(path.is_relative_to(parent) for parent in kept):
+            kept.append(path)
+    return kept
+
+
+def _check_call(command: list[str], timeout: float | None) -> None:
+    try:
+        subprocess.run(command, check=True, timeout=timeout)
+    except FileNotFoundError:
+        raise ContainerError(f"{command[0]}: not found on PATH") from None
+    except subprocess.CalledProcessError as error:
+        raise ContainerError(
+            f"{command[0]} {command[1]} failed (exit {error.returncode})"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise ContainerError(f"{command[0]} {command[1]}: no answer in {timeout} s") from None
+
+
+def _output(command: list[str]) -> str:
+    try:
+        done = subprocess.run(
+            command, check=True, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S
+        )
+    except FileNotFoundError:
+        raise ContainerError(f"{command[0]}: not found on PATH") from None
+    except subprocess.CalledProcessError as error:
+        detail = error.stderr.strip().splitlines()[-1:] or [f"exit {error.returncode}"]
+        raise ContainerError(f"{' '.join(command[:3])}: {detail[0]}") from None
+    except subprocess.TimeoutExpired:
+        raise ContainerError(
+            f"{' '.join(command[:3])}: no answer in {ENGINE_TIMEOUT_S} s"
+        ) from None
+    return done.stdout

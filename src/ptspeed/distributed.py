@@ -1,0 +1,160 @@
+"""One process (rank) of a ddp/fsdp cell, started by torchrun (see :mod:`ptspeed.torchrun`).
+
+Each rank runs the ordinary harness (:func:`ptspeed.harness.run_cell`) with a :class:`Rank`
+placement: device ``cuda:LOCAL_RANK`` with NCCL, or the CPU with gloo and its share of the
+cell's threads; the model wrapped in DistributedDataParallel or FullyShardedDataParallel after
+its FLOPs are counted; a barrier before the first step and before the measured loop; and the
+measured wall time taken from the slowest rank, so that the throughput is the global one.
+
+Every rank builds the same weights and trains on the same seeded batch: the averaged gradient
+equals each rank's own, so the losses are those of single-process eager, and rank 0 checks
+them against it with the ordinary numerics gate. Only rank 0's record becomes the cell's
+(unless a rank fails); the injected faults ``rank-error`` and ``rank-crash`` hit the last
+rank only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ptspeed.harness import SingleProcess, Unsupported, resolve_device, run_cell
+from ptspeed.knobs import Knobs, parse_knobs
+from ptspeed.record import CellSpec, Metrics
+from ptspeed.torchrun import FINISHED, threads_per_process, write_rank_outcome
+
+RANK_FAULT_PREFIX = "rank-"
+
+
+class Rank(SingleProcess):
+    """This process as rank ``rank`` of ``world_size`` (torchrun's RANK, LOCAL_RANK, WORLD_SIZE)."""
+
+    def __init__(self, knobs: Knobs, rank: int, local_rank: int, world_size: int, timeout_s: float):
+        self.knobs = knobs
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.backend = ""
+        self.reports = rank == 0
+        self._collective_device = torch.device("cpu")
+
+    @classmethod
+    def from_environment(cls, spec: CellSpec) -> Rank:
+        knobs = parse_knobs(spec.knobs)
+        world_size = int(os.environ["WORLD_SIZE"])
+        if world_size != knobs.world_size:
+            raise RuntimeError(f"torchrun started {world_size} ranks, the knobs ask for {knobs}")
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+        return cls(knobs, rank, local_rank, world_size, spec.timeout_s)
+
+    def device(self, requested: str) -> torch.device:
+        device = resolve_device(requested)
+        if device.type == "cuda":
+            visible = torch.cuda.device_count()
+            if visible < self.world_size:
+                raise Unsupported(
+                    f"{self.knobs.parallel} with {self.world_size} processes needs "
+                    f"{self.world_size} GPUs (one per process); this cell sees {visible}"
+                )
+            device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(device)
+            self._collective_device = device
+        self.backend = "nccl" if device.type == "cuda" else "gloo"
+        # A backstop: a lost peer ends gloo's collectives at once and torchrun ends the ranks
+        # of a failed one; a hung rank is the watchdog's (the cell's time limit).
+        timeout = timedelta(seconds=self.timeout_s)
+        dist.init_process_group(self.backend, timeout=timeout)
+        return device
+
+    def threads(self, requested: int) -> int:
+        return threads_per_process(requested, self.world_size)
+
+    def fault(self, fault: str) -> str:
+        if not fault.startswith(RANK_FAULT_PREFIX):
+            return fault
+        last = self.rank == self.world_size - 1
+        return fault[len(RANK_FAULT_PREFIX) :] if last else ""
+
+    def wrap(self, model: Any, knobs: Knobs, device: torch.device) -> tuple[Any, Knobs]:
+        # Memory format first: FSDP flattens the parameters, and converting them afterwards
+        # would cut use_orig_params' views loose from the flat parameter.
+        if knobs.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        step_knobs = dataclasses.replace(knobs, channels_last=False)
+        if knobs.parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [device.index] if device.type == "cuda" else None
+            return DistributedDataParallel(model, device_ids=device_ids), step_knobs
+        return self._fsdp(model, knobs, device), step_knobs
+
+    def _fsdp(self, model: Any, knobs: Knobs, device: torch.device) -> Any:
+        from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel
+
+        options: dict[str, Any] = {"device_id": device}
+        if knobs.cpu_offload:
+            # Offloaded parameters live on the host; FSDP shards them on device_id.
+            model = model.to("cpu")
+            options["cpu_offload"] = CPUOffload(offload_params=True)
+        if knobs.compile_mode is not None:
+            options["use_orig_params"] = True  # what torch.compile of an FSDP module needs
+        return FullyShardedDataParallel(model, **options)
+
+    def barrier(self) -> None:
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.local_rank])
+        else:
+            dist.barrier()
+
+    def combine(self, metrics: Metrics) -> Metrics:
+        """Every rank's times and memory to every rank; the slowest rank's wall time makes the
+        global throughput (world_size x batch_size x steps / wall)."""
+        mine = [
+            metrics.measured_wall_s or 0.0,
+            metrics.first_step_s or 0.0,
+            metrics.warmup_s or 0.0,
+            float(metrics.peak_memory_bytes or 0),
+        ]
+        table = torch.zeros(self.world_size, len(mine), dtype=torch.float64)
+        table[self.rank] = torch.tensor(mine, dtype=torch.float64)
+        table = table.to(self._collective_device)
+        dist.all_reduce(table)  # the sum of one filled row per rank: every rank's row
+        walls, first_steps, warmups, peaks = (table[:, column].tolist() for column in range(4))
+        slowest = max(walls)
+        samples = self.world_size * (metrics.batch_size_per_process or 0)
+        return dataclasses.replace(
+            metrics,
+            throughput_samples_per_s=samples * len(metrics.step_times_s) / slowest,
+            measured_wall_s=slowest,
+            first_step_s=max(first_steps),
+            warmup_s=max(warmups),
+            peak_memory_bytes=int(max(peaks)),
+            world_size=self.world_size,
+            distributed_backend=self.backend,
+            rank_measured_wall_s=walls,
+        )
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_rank(spec: CellSpec, result_path: Path) -> int:
+    """Run this rank's part of ``spec`` and write its outcome; exit status 1 when it failed,
+    so that torchrun ends the other ranks at once."""
+    rank = Rank.from_environment(spec)
+    record = run_cell(spec, rank)
+    failed = record.status not in FINISHED
+    failed_at = time.time() if failed else None
+    if not failed:
+        rank.close()
+    write_rank_outcome(result_path, rank.rank, record, failed_at)
+    return 1 if failed else 0

@@ -1,0 +1,66 @@
+"""Injected faults, for testing the suite itself: never used by a real benchmark run.
+
+A cell's fault comes from ``--fault`` or, so that the cells of a real workflow run can be given
+one, from the environment variable :data:`FAULTS_VARIABLE`::
+
+    PTSPEED_FAULTS="host-b/mlp/eager/train/0=hang,*/mlp/*/*/1=oom"
+
+Each entry is ``ENV/MODEL/VARIANT/MODE/TRIAL=FAULT`` (``*`` matches any one part); the first
+entry that matches the cell applies. A malformed value is refused (the cell writes nothing),
+and an injected fault is always written in the record (``cell.fault``), so a fault can neither
+be set by accident through a config nor pass unnoticed in a table.
+
+Faults (``ptspeed.validate.FAULTS``): ``error``, ``oom`` (a simulated out-of-memory error in the
+first step), ``hang``, ``crash`` (the worker kills itself), ``numerics`` (a wrong output) and
+``oom-once``: out of memory in the first attempt only, so that a retry at half the batch size
+(``--oom-retry``) succeeds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from ptspeed.knobs import BadInput
+from ptspeed.record import CellSpec
+from ptspeed.validate import FAULTS
+
+FAULTS_VARIABLE = "PTSPEED_FAULTS"
+OOM_ONCE = "oom-once"
+SELECTOR_FIELDS = ("env", "model", "variant", "mode", "trial")
+_PART = r"(?:\*|[A-Za-z0-9][A-Za-z0-9._-]*)"
+_ENTRY = re.compile(rf"({_PART}(?:/{_PART}){{4}})=([a-z-]+)")
+
+
+def parse_faults(text: str) -> list[tuple[tuple[str, ...], str]]:
+    """The entries of a :data:`FAULTS_VARIABLE` value; :class:`BadInput` names a bad one."""
+    entries = []
+    for raw in filter(None, (part.strip() for part in text.split(","))):
+        match = _ENTRY.fullmatch(raw)
+        if match is None:
+            raise BadInput(
+                f"{FAULTS_VARIABLE}: {raw!r} is not ENV/MODEL/VARIANT/MODE/TRIAL=FAULT "
+                "('*' matches any part)"
+            )
+        selector, fault = tuple(match[1].split("/")), match[2]
+        if fault not in FAULTS or not fault:
+            accepted = ", ".join(f for f in FAULTS if f)
+            raise BadInput(f"{FAULTS_VARIABLE}: fault {fault!r} is not one of {accepted}")
+        entries.append((selector, fault))
+    return entries
+
+
+def fault_from_environment(spec: CellSpec, environ: Mapping[str, str]) -> str:
+    """The fault :data:`FAULTS_VARIABLE` gives ``spec`` ('' when none matches or it is unset)."""
+    coordinates = tuple(str(getattr(spec, name)) for name in SELECTOR_FIELDS)
+    for selector, fault in parse_faults(environ.get(FAULTS_VARIABLE, "")):
+        if all(part in ("*", value) for part, value in zip(selector, coordinates, strict=True)):
+            return fault
+    return ""
+
+
+def fault_of_attempt(fault: str, attempt: int) -> str:
+    """What the harness injects in attempt 1 (the first) or 2 (an out-of-memory retry)."""
+    if fault == OOM_ONCE:
+        return "oom" if attempt == 1 else ""
+    return fault

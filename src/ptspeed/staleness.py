@@ -1,0 +1,168 @@
+"""Does a record measure what the current config asks for?
+
+A record carries the cell it measured (its ``CellSpec``). Aggregation compares that cell with
+the configuration the tables are made for, so that a record left over from an older config
+(other knobs, sizes or steps), a record copied from another machine, or a file put at the wrong
+path is never counted as a measurement of the current matrix. Such a record is *stale*: it keeps
+a row in the runs table, with the reason, and counts for nothing else.
+
+What is compared: the record's place (the path names environment, model, variant, mode, sizes
+and trial), membership of the matrix (the pair is compared, the model, mode and trial are
+configured), the knob string of the variant, the sizes for the device class, the warm-up,
+measured and numerics steps, and the device class. A record of an out-of-memory retry
+(``retried_from_batch_size``) matches at half the configured batch size. Keys the given config
+lacks are not compared. Pure: no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ptspeed.models import REGISTRY
+
+STALE = "stale"
+DEVICE_CLASSES = ("cpu", "cuda")
+# Defaults of the sizes a model does not use, as CellSpec and the cell command have them.
+DEFAULT_SIZES = {"image_size": 224, "seq_len": 128}
+STEP_FIELDS = {"warmup": "warmup_steps", "measured": "measured_steps", "numerics": "numerics_steps"}
+PLACE_FIELDS = ("env", "model", "variant", "mode", "trial")
+
+
+def stale_reason(
+    cell: Mapping[str, Any], path_cell: Mapping[str, Any], config: Mapping[str, Any]
+) -> str:
+    """Why the recorded ``cell`` is not the one ``config`` asks for at its path ('' if it is).
+
+    ``cell`` maps CellSpec field names to the recorded values; ``path_cell`` is the cell the
+    record's path names in the workflow layout ({} elsewhere); ``config`` is the effective
+    config (the device class resolved).
+    """
+    problems = _misplaced(cell, path_cell)
+    outside = _outside_matrix(cell, config)
+    if outside:
+        return "; ".join([*problems, *outside])
+    return "; ".join([*problems, *_differences(cell, config)])
+
+
+def describe_cell(cell: Mapping[str, Any]) -> str:
+    """``env/model/variant/mode/b8-i224-s128/trial0``."""
+    sizes = f"b{cell.get('batch_size')}-i{cell.get('image_size')}-s{cell.get('seq_len')}"
+    place = "/".join(str(cell.get(key)) for key in PLACE_FIELDS[:4])
+    return f"{place}/{sizes}/trial{cell.get('trial')}"
+
+
+def _misplaced(cell: Mapping[str, Any], path_cell: Mapping[str, Any]) -> list[str]:
+    if not path_cell:
+        return []
+    place_differs = any(cell.get(key) != path_cell.get(key) for key in PLACE_FIELDS)
+    # A path's size label names only the sizes its model uses.
+    sizes_differ = not _sizes_match(cell, path_cell, _used_sizes(cell.get("model")))
+    if place_differs or sizes_differ:
+        return [f"its path names {describe_cell(path_cell)} but it holds {describe_cell(cell)}"]
+    return []
+
+
+def _outside_matrix(cell: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    env, variant, model = cell.get("env"), cell.get("variant"), cell.get("model")
+    problems = []
+    if (env, variant) not in _compared_pairs(config):
+        problems.append(f"{env}/{variant} is not compared in the config")
+    models = config.get("models")
+    if isinstance(models, Mapping) and model not in models:
+        problems.append(f"model {model} is not in the config")
+    modes = config.get("modes")
+    if isinstance(modes, list) and cell.get("mode") not in modes:
+        problems.append(f"mode {cell.get('mode')} is not in the config's modes")
+    trials, trial = config.get("trials"), cell.get("trial")
+    if _is_int(trials) and _is_int(trial) and not 0 <= trial < trials:
+        problems.append(f"trial {trial} is outside the config's {trials} trials")
+    return problems
+
+
+def _compared_pairs(config: Mapping[str, Any]) -> set[tuple[Any, Any]]:
+    pairs = set()
+    comparisons = config.get("comparisons")
+    for comparison in comparisons.values() if isinstance(comparisons, Mapping) else ():
+        for side in ("baseline", "candidate"):
+            spec = comparison.get(side) if isinstance(comparison, Mapping) else None
+            if isinstance(spec, Mapping):
+                pairs.add((spec.get("env"), spec.get("variant")))
+    return pairs
+
+
+def _differences(cell: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    problems = []
+    variants = config.get("variants")
+    if isinstance(variants, Mapping) and cell.get("variant") in variants:
+        knobs = variants[cell["variant"]]
+        if cell.get("knobs") != knobs:
+            problems.append(f"knobs {cell.get('knobs')!r}, the config's {knobs!r}")
+    problems.extend(_device_and_sizes(cell, config))
+    steps = config.get("steps")
+    for key, field in STEP_FIELDS.items() if isinstance(steps, Mapping) else ():
+        if key in steps and cell.get(field) != steps[key]:
+            problems.append(f"{field} {cell.get(field)}, the config's {steps[key]}")
+    return problems
+
+
+def _device_and_sizes(cell: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    configured, recorded = config.get("device"), _device_class(cell.get("device"))
+    if configured in DEVICE_CLASSES and recorded in DEVICE_CLASSES and configured != recorded:
+        return [f"device {cell.get('device')}, the config's {configured}"]
+    expected = _configured_sizes(config, cell.get("model"), configured, recorded)
+    if expected is None or _sizes_match(cell, expected):
+        return []
+    recorded_sizes = {key: cell.get(key) for key in ("batch_size", *DEFAULT_SIZES)}
+    return [f"sizes {_show_sizes(recorded_sizes)}, the config's {_show_sizes(expected)}"]
+
+
+def _device_class(device: Any) -> str | None:
+    """'cpu' or 'cuda' for a recorded device ('cuda:1' included); None for 'auto' or odd values,
+    which are not compared."""
+    if not isinstance(device, str):
+        return None
+    name = device.split(":", 1)[0]
+    return name if name in DEVICE_CLASSES else None
+
+
+def _configured_sizes(
+    config: Mapping[str, Any], model: Any, configured: Any, recorded: str | None
+) -> dict[str, Any] | None:
+    models = config.get("models")
+    entry = models.get(model) if isinstance(models, Mapping) else None
+    if not isinstance(entry, Mapping):
+        return None
+    if "batch_size" not in entry:  # a table per device class
+        device = configured if configured in DEVICE_CLASSES else recorded
+        entry = entry.get(device) if device else None
+    if not isinstance(entry, Mapping) or "batch_size" not in entry:
+        return None
+    sizes = {key: entry.get(key, default) for key, default in DEFAULT_SIZES.items()}
+    return {"batch_size": entry["batch_size"], **sizes}
+
+
+def _used_sizes(model: Any) -> tuple[str, ...]:
+    entry = REGISTRY.get(model) if isinstance(model, str) else None
+    return tuple(entry.uses) if entry else tuple(DEFAULT_SIZES)
+
+
+def _sizes_match(
+    cell: Mapping[str, Any], expected: Mapping[str, Any], keys: Iterable[str] = DEFAULT_SIZES
+) -> bool:
+    """Sizes equal, the batch size possibly halved by an out-of-memory retry of it."""
+    if any(cell.get(key) != expected.get(key) for key in keys if key in DEFAULT_SIZES):
+        return False
+    batch, wanted = cell.get("batch_size"), expected.get("batch_size")
+    retried_from = cell.get("retried_from_batch_size")
+    if _is_int(retried_from) and retried_from == wanted and _is_int(wanted):
+        return batch == wanted // 2
+    return batch == wanted
+
+
+def _show_sizes(sizes: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in sizes.items())
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,452 @@
+"""Container images and runtimes: the recipes, the commands, the workflow's plan, and (with
+PTSPEED_CONTAINER_BUILD=1, as CI sets it after .ci/podman.sh) a real podman build of the
+torch 2.0.1 image and one cell run in it through the workflow.
+
+The linters (hadolint, shellcheck, nix-instantiate) are skipped only where the tool is missing
+and CI is not set; under CI=true a missing tool fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ptspeed import provenance
+from ptspeed.containers import (
+    BuildSpec,
+    ContainerConfigError,
+    ImageManifest,
+    build_command,
+    build_tag,
+    check_container_config,
+    digest_of,
+    image_digest,
+    locked_versions,
+    run_command,
+    sif_commands,
+    stage_context,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PLAN_TIMEOUT_S = 300
+# The real build: debootstrap base -> apt (Python, g++) -> 2.5 GB of wheels -> a 5 GB layer.
+BUILD_TIMEOUT_S = 25 * 60
+DIGEST = "sha256:" + "ab" * 32
+MANIFEST = ImageManifest(
+    env="torch-2.0",
+    image="localhost/ptspeed/torch-2.0:test",
+    id="sha256:" + "cd" * 32,
+    digest=DIGEST,
+    engine="podman",
+    source="build",
+)
+CI_BASE_IMAGE = os.environ.get("PTSPEED_CI_BASE_IMAGE", "localhost/ptspeed/debian-base:bookworm")
+CI_IMAGE = "localhost/ptspeed/torch-2.0:ci"
+RECORD = "records/torch-2.0/mlp/eager/train/b8/trial0.json"
+
+
+def linter(name: str) -> str:
+    """A linter from the test interpreter's venv or PATH; skip without it unless under CI."""
+    beside = BIN / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found:
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{name} is not installed and CI=true")
+    pytest.skip(f"{name} is not installed")
+
+
+def container_config(directory: Path, **containers: str) -> dict[str, Any]:
+    """The torch-2.0 environment as a container built from a debootstrap stand-in base.
+
+    The stand-in is Debian bookworm, whose Python is 3.11 (the CUDA base's Ubuntu 22.04 has
+    3.10): torch 2.0.1 publishes cp311 wheels and the lock lists their hashes, so the same lock
+    installs; torch.compile of 2.0 does not support 3.11, which is why only eager runs here.
+    """
+    return {
+        "results": str(directory / "results"),
+        "device": "cpu",
+        "trials": 1,
+        "threads": 1,
+        "steps": {"warmup": 1, "measured": 2, "numerics": 1},
+        "timeout_s": 600,
+        "containers": {"runtime": "podman", "images": "build", **containers},
+        "environments": {
+            "torch-2.0": {
+                "kind": "container",
+                "requirements": "envs/torch-2.0.txt",
+                "python": "3.11",
+                "container": CI_IMAGE,
+                "base_image": CI_BASE_IMAGE,
+            }
+        },
+        "models": {"mlp": {"cpu": {"batch_size": 8}, "cuda": {"batch_size": 8}}},
+        "variants": {"eager": "eager", "compile": "compile"},
+        "comparisons": {
+            "compile-alone": {
+                "baseline": {"env": "torch-2.0", "variant": "eager"},
+                "candidate": {"env": "torch-2.0", "variant": "compile"},
+            }
+        },
+    }
+
+
+def write_config(directory: Path, config: dict[str, Any]) -> Path:
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def snakemake(*args: str, timeout: float = PLAN_TIMEOUT_S, path: str | None = None) -> str:
+    """Snakemake from the repository root; its output, stdout and stderr together."""
+    environment = {**os.environ, "PATH": path or os.environ["PATH"]}
+    done = subprocess.run(
+        [str(BIN / "snakemake"), "--cores", "2", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=environment,
+    )
+    return f"exit {done.returncode}\n{done.stdout}"
+
+
+# --- the recipes ----------------------------------------------------------------------------
+
+
+def recipes() -> list[Path]:
+    found = sorted((ROOT / "docker").glob("*Dockerfile*")) + sorted(ROOT.glob("Dockerfile*"))
+    assert found, "no Dockerfile under docker/"
+    return found
+
+
+def test_hadolint_is_clean_on_every_recipe() -> None:
+    hadolint = linter("hadolint")
+    done = subprocess.run(
+        [hadolint, *map(str, recipes())], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_shellcheck_is_clean_on_the_container_scripts() -> None:
+    shellcheck = linter("shellcheck")
+    scripts = [ROOT / "docker/install.sh", ROOT / ".ci/podman.sh"]
+    done = subprocess.run(
+        [shellcheck, *map(str, scripts)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_nix_instantiate_parses_every_nix_file() -> None:
+    nix_instantiate = linter("nix-instantiate")
+    files = sorted(p for p in ROOT.rglob("*.nix") if not {".venv", ".snakemake"} & set(p.parts))
+    assert ROOT / "flake.nix" in files
+    for path in files:
+        done = subprocess.run(
+            [nix_instantiate, "--parse", str(path)], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, f"{path}: {done.stderr}"
+
+
+def test_the_recipe_pins_its_default_base_by_digest() -> None:
+    recipe = (ROOT / "docker/Dockerfile").read_text()
+    default = next(line for line in recipe.splitlines() if line.startswith("ARG BASE_IMAGE="))
+    assert digest_of(default.split("=", 1)[1]), default
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+def test_locked_versions_are_read_from_the_real_locks() -> None:
+    assert locked_versions((ROOT / "envs/torch-1.13.txt").read_text()) == {
+        "torch": "1.13.1",
+        "torchvision": "0.14.1",
+        "transformers": "4.46.3",
+    }
+    assert locked_versions((ROOT / "envs/torch-2.0.txt").read_text())["torch"] == "2.0.1"
+
+
+def test_build_command_passes_the_environment_and_the_ca_bundle_as_a_secret(
+    tmp_path: Path,
+) -> None:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("not a real certificate\n")
+    spec = BuildSpec(
+        env="torch-2.0",
+        requirements=ROOT / "envs/torch-2.0.txt",
+        python="3.10",
+        tag=build_tag("docker://ghcr.io/ptspeed/torch-2.0:latest"),
+        base_image="example/base@" + DIGEST,
+        ca_bundle=bundle,
+    )
+    command = build_command("podman", spec, tmp_path, ROOT / "docker/Dockerfile")
+    assert command[:2] == ["podman", "build"]
+    assert command[command.index("-t") + 1] == "ghcr.io/ptspeed/torch-2.0:latest"
+    arguments = {command[i + 1] for i, word in enumerate(command) if word == "--build-arg"}
+    assert {"ENV_NAME=torch-2.0", "PYTHON_VERSION=3.10", "TORCH_VERSION=2.0.1"} <= arguments
+    assert f"BASE_IMAGE=example/base@{DIGEST}" in arguments
+    assert command[command.index("--secret") + 1] == f"id=ca_bundle,src={bundle}"
+    assert command[-1] == str(tmp_path)
+    no_bundle = build_command(
+        "docker", BuildSpec("torch-2.0", spec.requirements, "3.10", "t"), ROOT, ROOT
+    )
+    assert "--secret" not in no_bundle and "--format" not in no_bundle
+
+
+def test_the_staged_context_holds_only_what_the_recipe_copies(tmp_path: Path) -> None:
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t")
+    context = stage_context(spec, ROOT, tmp_path / "context")
+    staged = sorted(str(p.relative_to(context)) for p in context.rglob("*") if p.is_file())
+    assert staged == ["docker/install.sh", "envs/torch-2.0.txt"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "gpu_flag"),
+    [("docker", ["--gpus", "all"]), ("podman", ["--device", "nvidia.com/gpu=all"])],
+)
+def test_run_command_gives_gpus_only_on_gpu_runs(engine: str, gpu_flag: list[str]) -> None:
+    def run(gpus: bool) -> list[str]:
+        return run_command(
+            engine,
+            MANIFEST,
+            ["python", "-m", "ptspeed", "cell"],
+            gpus=gpus,
+            mounts=[ROOT, ROOT / "src", Path("/tmp")],
+            workdir=ROOT,
+            environment={"PYTHONPATH": str(ROOT / "src")},
+        )
+
+    def has(command: list[str], flag: list[str]) -> bool:
+        return any(command[i : i + 2] == flag for i in range(len(command) - 1))
+
+    with_gpus, without = run(True), run(False)
+    assert has(with_gpus, gpu_flag) and not has(without, gpu_flag)
+    assert "--gpus" not in without and "nvidia.com/gpu=all" not in " ".join(without)
+    assert without[:3] == [engine, "run", "--rm"]
+    assert has(without, ["--network", "none"])
+    # The image by id, then the command; the name and digest go in for the record.
+    assert without[-5:] == [MANIFEST.id, "python", "-m", "ptspeed", "cell"]
+    assert f"PTSPEED_CONTAINER_IMAGE={MANIFEST.image}" in without
+    assert f"PTSPEED_CONTAINER_DIGEST={DIGEST}" in without
+    # src/ is inside the project: one mount for both.
+    volumes = [without[i + 1] for i, word in enumerate(without) if word == "--volume"]
+    assert volumes == [f"{Path('/tmp').resolve()}:{Path('/tmp').resolve()}", f"{ROOT}:{ROOT}"]
+
+
+def test_container_run_script_prints_the_command(tmp_path: Path) -> None:
+    manifest = tmp_path / "torch-2.0.json"
+    MANIFEST.write(manifest)
+    assert ImageManifest.read(manifest) == MANIFEST
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/container_run.py"), "--engine", "docker",
+         "--manifest", str(manifest), "--workdir", str(tmp_path), "--dry-run",
+         "--", "python", "-m", "ptspeed", "cell", "--env", "torch-2.0"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("docker run --rm")
+    assert "--gpus" not in done.stdout
+    assert f"PYTHONPATH={ROOT / 'src'}" in done.stdout
+    assert done.stdout.rstrip().endswith(f"{MANIFEST.id} python -m ptspeed cell --env torch-2.0")
+
+
+def test_image_digest_prefers_the_pinned_then_the_registry_then_the_id() -> None:
+    details: dict[str, object] = {"Id": "cd" * 32, "RepoDigests": [], "Digest": ""}
+    assert image_digest(details, "x") == "sha256:" + "cd" * 32
+    details["Digest"] = "sha256:" + "ef" * 32
+    assert image_digest(details, "x") == "sha256:" + "ef" * 32
+    details["RepoDigests"] = [f"x@{DIGEST}"]
+    assert image_digest(details, "x") == DIGEST
+    assert image_digest(details, "y@sha256:" + "01" * 32) == "sha256:" + "01" * 32
+
+
+def test_sif_comes_from_the_engine_image_or_from_the_definition(tmp_path: Path) -> None:
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t")
+    sif = tmp_path / "torch-2.0.sif"
+    definition = ROOT / "docker/ptspeed.def"
+    from_image = sif_commands("podman", MANIFEST, sif, definition, spec)
+    assert from_image[0][:2] == ["podman", "save"]
+    assert from_image[1][-1] == f"docker-archive://{sif.with_suffix('.tar')}"
+    (bootstrap,) = sif_commands(None, None, sif, definition, spec)
+    assert bootstrap[:2] == ["apptainer", "build"] and bootstrap[-1] == str(definition)
+    assert f"PROJECT={ROOT}" in bootstrap and "ENV_NAME=torch-2.0" in bootstrap
+
+
+def test_provenance_takes_the_digest_from_the_runtime_or_the_pinned_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for variable in ("PTSPEED_CONTAINER_IMAGE", "PTSPEED_CONTAINER_DIGEST"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("APPTAINER_CONTAINER", raising=False)
+    monkeypatch.delenv("SINGULARITY_CONTAINER", raising=False)
+    assert provenance.collect_base().container_digest == ""
+    monkeypatch.setenv("PTSPEED_CONTAINER_IMAGE", f"ghcr.io/ptspeed/torch-2.0@{DIGEST}")
+    assert provenance.collect_base().container_digest == DIGEST
+    monkeypatch.setenv("PTSPEED_CONTAINER_DIGEST", "sha256:" + "99" * 32)
+    assert provenance.collect_base().container_digest == "sha256:" + "99" * 32
+
+
+# --- config ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda c: c["environments"]["torch-2.0"].update(container="results/images/x.sif"),
+            "environments.torch-2.0.container: 'results/images/x.sif' is not an image reference",
+        ),
+        (
+            lambda c: c["environments"]["torch-2.0"].pop("python"),
+            "environments.torch-2.0: kind container with containers.images build needs",
+        ),
+        (
+            lambda c: c["containers"].update(ca_bundle="/nonexistent/ca.pem"),
+            "containers.ca_bundle: '/nonexistent/ca.pem' is not a file",
+        ),
+    ],
+)
+def test_container_config_errors_name_the_key(tmp_path: Path, change: Any, message: str) -> None:
+    config = container_config(tmp_path)
+    change(config)
+    with pytest.raises(ContainerConfigError) as error:
+        check_container_config(config)
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_a_bad_runtime_stops_the_workflow_with_one_line(tmp_path: Path) -> None:
+    config = container_config(tmp_path, runtime="lxc")
+    output = snakemake("-n", f"--configfile={write_config(tmp_path, config)}")
+    assert output.startswith("exit 1"), output
+    (line,) = [line for line in output.splitlines() if line.startswith("config:")]
+    assert line.startswith("config: containers.runtime: 'lxc' is not one of"), line
+    assert "Traceback" not in output
+
+
+# --- the workflow's plan --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("device", "engine"), [("cpu", "podman"), ("cuda", "docker")])
+def test_cells_of_a_container_environment_run_in_the_built_image(
+    tmp_path: Path, device: str, engine: str
+) -> None:
+    config = {**container_config(tmp_path, runtime=engine), "device": device}
+    results = tmp_path / "results"
+    # A CUDA run on one machine says how many GPUs it may use (profiles/default says 0).
+    output = snakemake(
+        "-n", "-p", "--resources", "gpu=1", f"--configfile={write_config(tmp_path, config)}",
+        str(results / RECORD),
+    )  # fmt: skip
+    assert output.startswith("exit 0"), output[-4000:]
+    assert f"output: {results}/images/torch-2.0.json" in output
+    assert f"scripts/image.py build --env torch-2.0 --engine {engine}" in output
+    assert f"--base-image {CI_BASE_IMAGE}" in output
+    (cell,) = [line for line in output.splitlines() if "-m ptspeed cell" in line]
+    assert f"container_run.py --engine {engine} --manifest {results}/images/torch-2.0.json" in cell
+    assert ("--gpus" in cell) == (device == "cuda"), cell
+    assert "-- python -m ptspeed cell --env torch-2.0 --model mlp" in cell
+
+
+def test_apptainer_cells_carry_the_digest_of_a_pinned_image(tmp_path: Path) -> None:
+    """The Apptainer path stays Snakemake's container directive; a digest-pinned image adds
+    PTSPEED_CONTAINER_DIGEST. Apptainer is not installed here: a stand-in answers --version,
+    which is all a dry run asks of it."""
+    stand_in = tmp_path / "bin/apptainer"
+    stand_in.parent.mkdir()
+    stand_in.write_text('#!/bin/sh\necho "apptainer version 1.3.6"\n')
+    stand_in.chmod(0o755)
+    config = container_config(tmp_path, runtime="apptainer")
+    config["environments"]["torch-2.0"]["container"] = (
+        f"docker://ghcr.io/ptspeed/torch-2.0@{DIGEST}"
+    )
+    results = tmp_path / "results"
+    output = snakemake(
+        "-n", "-p", "--sdm", "apptainer", f"--configfile={write_config(tmp_path, config)}",
+        str(results / RECORD), path=f"{stand_in.parent}:{os.environ['PATH']}",
+    )  # fmt: skip
+    assert output.startswith("exit 0"), output[-4000:]
+    (cell,) = [line for line in output.splitlines() if "-m ptspeed cell" in line]
+    assert f"PTSPEED_CONTAINER_DIGEST={DIGEST} python -m ptspeed cell" in cell
+    assert "container_run.py" not in output and "rule image" not in output
+
+
+# --- the real thing: podman builds the image, one cell runs in it -----------------------------
+
+
+def host_ca_bundle() -> str:
+    """The CA bundle this machine's OpenSSL trusts (SSL_CERT_FILE first), for TLS in the build."""
+    paths = ssl.get_default_verify_paths()
+    for candidate in (os.environ.get(paths.openssl_cafile_env), paths.cafile):
+        if candidate and Path(candidate).is_file():
+            return str(Path(candidate).resolve())
+    return ""
+
+
+@pytest.mark.container
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("PTSPEED_CONTAINER_BUILD") != "1",
+    reason="builds a 5 GB image with podman (minutes): set PTSPEED_CONTAINER_BUILD=1 after "
+    ".ci/podman.sh",
+)
+def test_podman_builds_the_torch_2_0_image_and_runs_a_cell_in_it(tmp_path: Path) -> None:
+    assert shutil.which("podman"), "podman is missing: run .ci/podman.sh"
+    exists = subprocess.run(["podman", "image", "exists", CI_BASE_IMAGE], check=False)
+    assert exists.returncode == 0, f"{CI_BASE_IMAGE} is missing: run .ci/podman.sh"
+    config = container_config(tmp_path, ca_bundle=host_ca_bundle())
+    results = tmp_path / "results"
+
+    started = time.monotonic()
+    output = snakemake(
+        f"--configfile={write_config(tmp_path, config)}", str(results / RECORD),
+        timeout=BUILD_TIMEOUT_S,
+    )  # fmt: skip
+    elapsed_s = time.monotonic() - started
+    build_s = _benchmark_seconds(results / "benchmarks/images/torch-2.0.tsv")
+    print(f"podman build + cell: {elapsed_s:.0f} s (image rule {build_s:.0f} s)")
+    assert output.startswith("exit 0"), output[-4000:] + _log(results / "logs/images/torch-2.0.log")
+
+    manifest = json.loads((results / "images/torch-2.0.json").read_text())
+    assert manifest["image"] == CI_IMAGE and manifest["engine"] == "podman"
+    assert manifest["digest"].startswith("sha256:") and manifest["id"].startswith("sha256:")
+    assert manifest["labels"]["io.ptspeed.torch"] == "2.0.1"
+    assert manifest["labels"]["org.opencontainers.image.base.name"] == CI_BASE_IMAGE
+
+    record_path = results / RECORD
+    record = json.loads(record_path.read_text())
+    assert record["status"] == "ok", record["reason"] + record["detail"]
+    assert record["provenance"]["container_image"] == CI_IMAGE
+    assert record["provenance"]["container_digest"] == manifest["digest"]
+    assert record["provenance"]["torch"].startswith("2.0.1")
+    assert record["provenance"]["python"].startswith("3.11")
+    assert record["provenance"]["git_commit"], "the host's commit goes into the container"
+    # The cell ran as the caller, so the caller owns what it wrote.
+    assert record_path.stat().st_uid == os.getuid()
+
+
+def _benchmark_seconds(path: Path) -> float:
+    try:
+        return float(path.read_text().splitlines()[1].split("\t")[0])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def _log(path: Path) -> str:
+    try:
+        return "\n--- image log ---\n" + path.read_text()[-4000:]
+    except OSError:
+        return ""

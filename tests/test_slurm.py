@@ -1,0 +1,267 @@
+"""Cells as SLURM jobs: the config's cluster block, the slurm profile, and a real SLURM.
+
+The tests marked ``slurm`` need a running cluster (``.ci/slurm.sh start``: one node, two fake
+GPUs, no accounting database) and run only when PTSPEED_SLURM=1, as CI sets it. Every wait is
+bounded: Snakemake runs under a timeout, and jobs a failed run leaves behind are cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ptspeed.cluster import check_cluster, check_gpu_limit, cpus_per_cell, slurm_resources
+from ptspeed.matrix import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PLAN_TIMEOUT_S = 120
+SLURM_RUN_TIMEOUT_S = 600
+SLURM_QUERY_TIMEOUT_S = 20
+SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
+
+TINY_STEPS = {"warmup": 1, "measured": 2, "numerics": 1}
+MATRIX: dict[str, Any] = {
+    "device": "cpu",
+    "trials": 2,
+    "threads": 1,
+    "steps": TINY_STEPS,
+    "timeout_s": 120,
+    "mem_mb": 1000,
+    "environments": {"host": {"kind": "host"}},
+    "models": {"mlp": {"cpu": {"batch_size": 16}, "cuda": {"batch_size": 16}}},
+    "variants": {"eager": "eager", "bf16": "amp=bf16"},
+    "comparisons": {
+        "amp": {
+            "baseline": {"env": "host", "variant": "eager"},
+            "candidate": {"env": "host", "variant": "bf16"},
+        }
+    },
+}
+needs_slurm = pytest.mark.skipif(
+    os.environ.get("PTSPEED_SLURM") != "1",
+    reason="needs a running SLURM: `.ci/slurm.sh start`, then PTSPEED_SLURM=1 (CI does this)",
+)
+
+
+def write_config(directory: Path, **changes: Any) -> Path:
+    config = {"results": str(directory / "results"), **MATRIX, **changes}
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def snakemake(
+    *args: str,
+    profile: tuple[str, ...] = ("--workflow-profile", "profiles/slurm"),
+    timeout: float = PLAN_TIMEOUT_S,
+) -> subprocess.CompletedProcess[str]:
+    """Snakemake from the repository root, by default with the slurm profile in place of
+    profiles/default."""
+    return subprocess.run(
+        [str(BIN / "snakemake"), *profile, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+# --- the cluster block, without SLURM ---------------------------------------------------------
+
+
+def test_only_the_keys_set_become_job_resources() -> None:
+    cluster = {"partition": "gpu", "account": "", "constraint": "", "qos": "short"}
+    assert slurm_resources(cluster) == {"slurm_partition": "gpu", "qos": "short"}
+
+
+@pytest.mark.parametrize("key", ["account", "partition"])
+def test_a_required_key_is_checked_only_for_cluster_runs(key: str) -> None:
+    cluster = {"account": "", "partition": "", f"{key}_required": True}
+    check_cluster(cluster, jobs_go_to_scheduler=False)
+    with pytest.raises(ConfigError, match=rf"^cluster\.{key}: this site requires a SLURM {key}"):
+        check_cluster(cluster, jobs_go_to_scheduler=True)
+    check_cluster({**cluster, key: "name1"}, jobs_go_to_scheduler=True)
+
+
+def test_a_gpu_limit_of_zero_is_refused_only_for_cuda_cluster_jobs() -> None:
+    with pytest.raises(ConfigError, match=r"^resources: gpu=0 "):
+        check_gpu_limit(0, cuda=True, jobs_go_to_scheduler=True)
+    check_gpu_limit(0, cuda=True, jobs_go_to_scheduler=False)
+    check_gpu_limit(0, cuda=False, jobs_go_to_scheduler=True)
+    check_gpu_limit(None, cuda=True, jobs_go_to_scheduler=True)
+    check_gpu_limit(2, cuda=True, jobs_go_to_scheduler=True)
+
+
+def test_cluster_jobs_take_their_cpus_from_the_cluster_block() -> None:
+    cluster = {"cpus_per_task": 6}
+    assert cpus_per_cell(2, cluster, jobs_go_to_scheduler=True) == 2
+    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=True) == 6
+    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=False) == 0
+
+
+def test_slurm_run_without_a_required_account_stops_with_one_line(tmp_path: Path) -> None:
+    config = write_config(tmp_path, cluster={"account_required": True})
+    done = snakemake("--dry-run", "--configfile", str(config))
+    assert done.returncode != 0, done.stdout
+    messages = [line for line in done.stdout.splitlines() if line.startswith("config: ")]
+    assert len(messages) == 1, done.stdout
+    assert messages[0].startswith("config: cluster.account: this site requires a SLURM account")
+    assert "Traceback" not in done.stdout
+    assert "Building DAG" not in done.stdout
+
+
+def test_cuda_run_with_the_default_profile_added_is_refused(tmp_path: Path) -> None:
+    """--profile profiles/slurm also applies profiles/default, whose gpu: 0 would strip the
+    GPU request from every CUDA cell job."""
+    config = write_config(tmp_path, device="cuda")
+    done = snakemake(
+        "--dry-run", "--configfile", str(config), profile=("--profile", "profiles/slurm")
+    )
+    assert done.returncode != 0, done.stdout
+    assert "resources: gpu=0 would submit CUDA cell jobs without a GPU" in done.stdout
+    assert "Building DAG" not in done.stdout
+
+
+def test_cell_jobs_carry_the_cluster_block_as_resources(tmp_path: Path) -> None:
+    cluster = {"partition": "gpu", "account": "proj1", "account_required": True}
+    config = write_config(tmp_path, cluster=cluster)
+    done = snakemake("--dry-run", "--configfile", str(config))
+    assert done.returncode == 0, done.stdout
+    cell_resources = [
+        line for line in done.stdout.splitlines() if "resources:" in line and "gpu=" in line
+    ]
+    assert len(cell_resources) == 4, done.stdout
+    for line in cell_resources:
+        for expected in ("slurm_partition=gpu", "slurm_account=proj1", "runtime=7", "mem_mb=1000"):
+            assert expected in line
+        assert "cpus_per_task=" in line
+        assert "constraint=" not in line and "qos=" not in line
+
+
+# --- a real SLURM ---------------------------------------------------------------------------
+
+
+def slurm_query(*command: str) -> str:
+    done = subprocess.run(
+        list(command), capture_output=True, text=True, timeout=SLURM_QUERY_TIMEOUT_S, check=True
+    )
+    return done.stdout
+
+
+def jobs_named(prefix: str) -> list[dict[str, str]]:
+    """The jobs (pending, running or finished within MinJobAge) whose name starts with prefix."""
+    output = slurm_query("squeue", "--states=all", "--noheader", "--format=%i|%j|%T|%k")
+    jobs = []
+    for line in output.splitlines():
+        job_id, name, state, comment = line.split("|", 3)
+        if name.startswith(prefix):
+            jobs.append({"id": job_id, "state": state, "comment": comment})
+    return jobs
+
+
+def cancel_jobs(prefix: str) -> None:
+    left = [j["id"] for j in jobs_named(prefix) if j["state"] in ("PENDING", "RUNNING")]
+    if left:
+        subprocess.run(["scancel", *left], timeout=SLURM_QUERY_TIMEOUT_S, check=False)
+
+
+def run_on_slurm(directory: Path, config: Path, *extra: str) -> tuple[str, float, str]:
+    """Run the workflow through the slurm executor; return (output, wall seconds, job-name
+    prefix). Whatever happens, no job of this run is left queued."""
+    prefix = f"ptspeedtest_{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    try:
+        done = snakemake(
+            "--configfile",
+            str(config),
+            "--slurm-status-command",
+            "squeue",
+            "--slurm-init-seconds-before-status-checks",
+            "2",
+            "--slurm-logdir",
+            str(directory / "slurm-logs"),
+            "--slurm-jobname-prefix",
+            prefix,
+            *extra,
+            timeout=SLURM_RUN_TIMEOUT_S,
+        )
+    finally:
+        cancel_jobs(prefix)
+    wall_s = time.monotonic() - started
+    print(f"SLURM run: {wall_s:.1f} s wall")
+    assert done.returncode == 0, done.stdout[-6000:]
+    return done.stdout, wall_s, prefix
+
+
+def records(results: Path) -> list[dict[str, Any]]:
+    paths = sorted((results / "records").rglob("*.json"))
+    return [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+
+
+@pytest.fixture(scope="module")
+def slurm_node() -> None:
+    assert shutil.which("sinfo"), "PTSPEED_SLURM=1 but sinfo is not installed"
+    states = slurm_query("sinfo", "--noheader", "--Node", "--format=%t").split()
+    assert set(states) & {"idle", "mix"}, f"no idle SLURM node (states: {states})"
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_matrix_runs_cell_by_cell_as_slurm_jobs(tmp_path: Path, slurm_node: None) -> None:
+    output, _, prefix = run_on_slurm(tmp_path, write_config(tmp_path))
+    results = tmp_path / "results"
+    found = records(results)
+    assert len(found) == 4
+    assert {r["status"] for r in found} == {"ok"}, [r.get("reason") for r in found]
+    for table in ("runs", "summary", "speedups", "steps"):
+        assert (results / "tables" / f"{table}.csv").stat().st_size > 0
+    assert (results / "report" / "index.html").is_file()
+    assert (results / "report" / "report.md").is_file()
+
+    submitted = SUBMITTED.findall(output)
+    assert len(submitted) == 4 and len({job_id for job_id, _ in submitted}) == 4, output
+    for job_id, log in submitted:
+        # SLURM itself wrote this log (it substitutes %j): the cell ran inside that job.
+        assert Path(log).name == f"{job_id}.log"
+        assert "rule cell:" in Path(log).read_text(encoding="utf-8")
+    jobs = jobs_named(prefix)
+    assert {j["state"] for j in jobs} == {"COMPLETED"}, jobs
+    comments = sorted(j["comment"] for j in jobs)
+    assert len(set(comments)) == 4 and all(c.startswith("rule_cell_") for c in comments)
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_cuda_cells_request_a_gpu_from_slurm(tmp_path: Path, slurm_node: None) -> None:
+    config = write_config(tmp_path, device="cuda", trials=1)
+    # One cell is enough to see the request: its record is the only target.
+    target = tmp_path / "results" / "records" / "host" / "mlp" / "eager" / "train" / "b16"
+    output, _, prefix = run_on_slurm(tmp_path, config, "--verbose", str(target / "trial0.json"))
+    sbatch_calls = [line for line in output.splitlines() if line.startswith("sbatch call:")]
+    assert len(sbatch_calls) == 1
+    assert " --gpus=1 " in sbatch_calls[0], sbatch_calls
+    (job,) = jobs_named(prefix)
+    shown = slurm_query("scontrol", "--oneliner", "show", "job", job["id"])
+    assert "TresPerJob=gres:gpu:1" in shown and "JobState=COMPLETED" in shown, shown
+    (record,) = records(tmp_path / "results")
+    # The fake GPUs have no device behind them: torch sees none, which the record says.
+    assert record["status"] == "unsupported"
+    assert "CUDA" in record["reason"]
+    # SLURM gave the job one of the node's GPUs (CUDA_VISIBLE_DEVICES, from gres.conf).
+    assert record["provenance"]["cuda_visible_devices"] in ("0", "1")
