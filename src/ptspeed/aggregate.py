@@ -43,7 +43,9 @@ ALL_STATUSES = (*STATUSES, STALE, MISSING, UNREADABLE)
 MISSING_REASON = "no record (the cell did not run or its record was removed)"
 
 CELL_COLUMNS = [f.name for f in dataclasses.fields(CellSpec)]
-METRIC_COLUMNS = [f.name for f in dataclasses.fields(Metrics) if f.name != "step_times_s"]
+# Per-step and per-rank lists stay in the records (steps.csv holds the step times).
+LIST_METRICS = ("step_times_s", "rank_measured_wall_s")
+METRIC_COLUMNS = [f.name for f in dataclasses.fields(Metrics) if f.name not in LIST_METRICS]
 NUMERICS_FIELDS = ("passed", "max_relative_error", "tolerance", "precision")
 NUMERICS_COLUMNS = [f"numerics_{name}" for name in NUMERICS_FIELDS]
 PACKAGE_COLUMNS = ["torchvision", "transformers"]
@@ -61,6 +63,9 @@ PROVENANCE_COLUMNS = [
     *PACKAGE_COLUMNS,
     "git_commit",
     "container_image",
+    "container_digest",
+    "cuda_visible_devices",
+    "gpu_assignment",
     "hostname",
 ]
 RUNS_COLUMNS = [
@@ -158,10 +163,12 @@ _INT_COLUMNS = [
     "device_index",
     "cpu_count",
     "torch_threads",
+    "world_size",
+    "batch_size_per_process",
 ]
 _FLOAT_COLUMNS = [
     "timeout_s",
-    *(c for c in METRIC_COLUMNS if c not in ("peak_memory_bytes", "memory_kind")),
+    *(c for c in METRIC_COLUMNS if c not in (*_INT_COLUMNS, "memory_kind", "distributed_backend")),
     "numerics_max_relative_error",
     "numerics_tolerance",
     "duration_s",

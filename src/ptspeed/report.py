@@ -541,6 +541,7 @@ ENVIRONMENT_FIELDS = {
     "threads": "torch_threads",
     "Python": "python",
     "container": "container_image",
+    "container digest": "container_digest",
     "git commit": "git_commit",
     "host": "hostname",
 }
