@@ -10,7 +10,7 @@ HOST_TORCH := torch==2.14.1 torchvision==0.29.1 transformers==4.46.3
 
 # Container recipes and the shell scripts they run (make lint checks them).
 RECIPES := $(wildcard docker/*Dockerfile*)
-SHELL_SCRIPTS := docker/install.sh .ci/podman.sh
+SHELL_SCRIPTS := docker/install.sh .ci/podman.sh .ci/slurm.sh .ci/run
 
 .PHONY: setup run test test-fast lint format clean
 
