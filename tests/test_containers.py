@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
+from test_workflow import BIN, PLAN_TIMEOUT_S, ROOT
+from test_workflow import snakemake as run_snakemake
 
 from ptspeed import provenance
 from ptspeed.containers import (
@@ -37,9 +39,6 @@ from ptspeed.containers import (
     stage_context,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-PLAN_TIMEOUT_S = 300
 # The real build: debootstrap base -> apt (Python, g++) -> 2.5 GB of wheels -> a 5 GB layer.
 BUILD_TIMEOUT_S = 25 * 60
 DIGEST = "sha256:" + "ab" * 32
@@ -109,18 +108,9 @@ def write_config(directory: Path, config: dict[str, Any]) -> Path:
 
 
 def snakemake(*args: str, timeout: float = PLAN_TIMEOUT_S, path: str | None = None) -> str:
-    """Snakemake from the repository root; its output, stdout and stderr together."""
+    """Snakemake from the repository root; its exit status, then stdout and stderr together."""
     environment = {**os.environ, "PATH": path or os.environ["PATH"]}
-    done = subprocess.run(
-        [str(BIN / "snakemake"), "--cores", "2", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=environment,
-    )
+    done = run_snakemake(*args, timeout=timeout, env=environment)
     return f"exit {done.returncode}\n{done.stdout}"
 
 

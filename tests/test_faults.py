@@ -27,7 +27,16 @@ import pytest
 import yaml
 from test_aggregate import make_record
 from test_cli import TINY_CELL, read_valid_record
-from test_workflow import ROOT, TINY_STEPS, job_counts, ok, planned_outputs, tool, write_config
+from test_workflow import (
+    ROOT,
+    TINY_STEPS,
+    job_counts,
+    ok,
+    planned_outputs,
+    snakemake,
+    tool,
+    write_config,
+)
 
 from ptspeed import aggregate, report
 from ptspeed.faults import FAULTS_VARIABLE, fault_from_environment, parse_faults
@@ -75,16 +84,7 @@ def faults_env(faults: str = "") -> dict[str, str]:
 def snakemake_in(
     workdir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT_S
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [tool("snakemake"), "--cores", "2", *args],
-        cwd=workdir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        env=env or faults_env(),
-        check=False,
-    )
+    return snakemake(*args, cwd=workdir, env=env or faults_env(), timeout=timeout)
 
 
 def start_snakemake(workdir: Path, config: Path, log: Path, faults: str = "") -> subprocess.Popen:

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,18 +19,17 @@ from typing import Any
 
 import pytest
 import yaml
+from test_workflow import TINY_STEPS
+from test_workflow import snakemake as run_snakemake
 
 from ptspeed.cluster import check_cluster, check_gpu_limit, cpus_per_cell, slurm_resources
 from ptspeed.matrix import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 PLAN_TIMEOUT_S = 120
 SLURM_RUN_TIMEOUT_S = 600
 SLURM_QUERY_TIMEOUT_S = 20
 SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
 
-TINY_STEPS = {"warmup": 1, "measured": 2, "numerics": 1}
 MATRIX: dict[str, Any] = {
     "device": "cpu",
     "trials": 2,
@@ -69,15 +67,7 @@ def snakemake(
 ) -> subprocess.CompletedProcess[str]:
     """Snakemake from the repository root, by default with the slurm profile in place of
     profiles/default."""
-    return subprocess.run(
-        [str(BIN / "snakemake"), *profile, *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_snakemake(*profile, *args, timeout=timeout, cores=None)
 
 
 # --- the cluster block, without SLURM ---------------------------------------------------------

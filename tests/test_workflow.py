@@ -56,16 +56,24 @@ def tool(name: str) -> str:
     return found
 
 
-def snakemake(*args: str, timeout: float = PLAN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """Run Snakemake from the repository root on 2 cores; stdout and stderr together."""
+def snakemake(
+    *args: str,
+    timeout: float = PLAN_TIMEOUT_S,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    cores: str | None = "2",
+) -> subprocess.CompletedProcess[str]:
+    """Run Snakemake (from the repository root, on 2 cores unless told otherwise); stdout and
+    stderr together. ``cores=None`` leaves the cores to a profile's executor."""
     return subprocess.run(
-        [tool("snakemake"), "--cores", "2", *args],
-        cwd=ROOT,
+        [tool("snakemake"), *(("--cores", cores) if cores else ()), *args],
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         timeout=timeout,
         check=False,
+        env=env,
     )
 
 
