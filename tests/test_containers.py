@@ -203,6 +203,10 @@ def test_the_staged_context_holds_only_what_the_recipe_copies(tmp_path: Path) ->
     assert staged == ["docker/install.sh", "envs/torch-2.0.txt"]
 
 
+# A mount outside the project wherever the checkout lies (a clone under /tmp included).
+DATA_MOUNT = Path("/srv/ptspeed-test-data")
+
+
 @pytest.mark.parametrize(
     ("engine", "gpu_flag"),
     [("docker", ["--gpus", "all"]), ("podman", ["--device", "nvidia.com/gpu=all"])],
@@ -214,7 +218,7 @@ def test_run_command_gives_gpus_only_on_gpu_runs(engine: str, gpu_flag: list[str
             MANIFEST,
             ["python", "-m", "ptspeed", "cell"],
             gpus=gpus,
-            mounts=[ROOT, ROOT / "src", Path("/tmp")],
+            mounts=[ROOT, ROOT / "src", DATA_MOUNT],
             workdir=ROOT,
             environment={"PYTHONPATH": str(ROOT / "src")},
         )
@@ -233,7 +237,7 @@ def test_run_command_gives_gpus_only_on_gpu_runs(engine: str, gpu_flag: list[str
     assert f"PTSPEED_CONTAINER_DIGEST={DIGEST}" in without
     # src/ is inside the project: one mount for both.
     volumes = [without[i + 1] for i, word in enumerate(without) if word == "--volume"]
-    assert volumes == [f"{Path('/tmp').resolve()}:{Path('/tmp').resolve()}", f"{ROOT}:{ROOT}"]
+    assert sorted(volumes) == sorted([f"{DATA_MOUNT}:{DATA_MOUNT}", f"{ROOT}:{ROOT}"])
 
 
 def test_container_run_script_prints_the_command(tmp_path: Path) -> None:
