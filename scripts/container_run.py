@@ -12,7 +12,6 @@ Runs from the repository root without the package installed.
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,9 +24,10 @@ from ptspeed.containers import (
     passed_environment,
     run_command,
 )
+from ptspeed.gpus import LOCK_DIR_VARIABLE, lock_dir
+from ptspeed.provenance import GIT_COMMIT_VARIABLE, git_state
 
 PROJECT = Path(__file__).resolve().parents[1]
-LOCK_DIR_VARIABLE = "PTSPEED_GPU_LOCK_DIR"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,8 +45,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def gpu_lock_mount() -> dict[str, Path]:
     """The node's GPU lock directory (ptspeed.gpus), shared with the container so that cells
     in separate containers still claim different GPUs."""
-    from ptspeed.gpus import lock_dir
-
     directory = lock_dir()
     directory.mkdir(parents=True, exist_ok=True)
     return {LOCK_DIR_VARIABLE: directory}
@@ -56,12 +54,9 @@ def code_environment() -> dict[str, str]:
     """The suite's code as the container sees it: mounted from this checkout, at its commit
     (the image has no git to ask)."""
     environment = {"PYTHONPATH": str(PROJECT / "src")}
-    if not os.environ.get("PTSPEED_GIT_COMMIT"):
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=PROJECT, capture_output=True, text=True, check=False
-        )
-        if done.returncode == 0:
-            environment["PTSPEED_GIT_COMMIT"] = done.stdout.strip()
+    commit, _ = git_state()
+    if commit:
+        environment[GIT_COMMIT_VARIABLE] = commit
     return environment
 
 

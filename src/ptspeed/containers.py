@@ -24,17 +24,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ptspeed.gpus import COUNT_VARIABLE, VISIBLE_DEVICES_VARIABLE
+from ptspeed.provenance import (
+    CONTAINER_DIGEST_VARIABLE,
+    CONTAINER_IMAGE_VARIABLE,
+    GIT_COMMIT_VARIABLE,
+)
+
 ENGINES = ("docker", "podman")
 RUNTIMES = ("apptainer", *ENGINES)
 IMAGE_SOURCES = ("build", "pull")
-IMAGE_VARIABLE = "PTSPEED_CONTAINER_IMAGE"
-DIGEST_VARIABLE = "PTSPEED_CONTAINER_DIGEST"
 RECIPE = Path("docker/Dockerfile")
 INSTALL_SCRIPT = Path("docker/install.sh")
 CA_SECRET_ID = "ca_bundle"
 # Variables of the caller that a cell in a container must see: the GPU choice made by SLURM or
 # the user, the GPU lock directory shared by the cells of a node, the commit of the code.
-PASSED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "PTSPEED_GPU_COUNT", "PTSPEED_GIT_COMMIT")
+PASSED_VARIABLES = (VISIBLE_DEVICES_VARIABLE, COUNT_VARIABLE, GIT_COMMIT_VARIABLE)
 LOCKED_PACKAGES = ("torch", "torchvision", "transformers")
 DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
 ENGINE_TIMEOUT_S = 120
@@ -307,8 +312,8 @@ def run_command(
     run += ["--workdir", str(workdir)]
     variables = {
         "HOME": "/tmp",
-        IMAGE_VARIABLE: manifest.image,
-        DIGEST_VARIABLE: manifest.digest,
+        CONTAINER_IMAGE_VARIABLE: manifest.image,
+        CONTAINER_DIGEST_VARIABLE: manifest.digest,
         **environment,
     }
     for name, value in variables.items():

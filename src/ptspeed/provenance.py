@@ -19,14 +19,17 @@ from ptspeed.gpus import ASSIGNMENT_VARIABLE
 from ptspeed.record import Provenance
 
 PACKAGES = ("torch", "torchvision", "transformers", "numpy")
-CONTAINER_VARIABLES = ("PTSPEED_CONTAINER_IMAGE", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
-# Set by the workflow's container runtimes (ptspeed.containers): the image's digest.
+# Set by the workflow's container runtimes (ptspeed.containers): the image and its digest, and
+# the commit of the mounted checkout (an image has no git to ask).
+CONTAINER_IMAGE_VARIABLE = "PTSPEED_CONTAINER_IMAGE"
 CONTAINER_DIGEST_VARIABLE = "PTSPEED_CONTAINER_DIGEST"
+GIT_COMMIT_VARIABLE = "PTSPEED_GIT_COMMIT"
+CONTAINER_VARIABLES = (CONTAINER_IMAGE_VARIABLE, "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 SOURCE_DIR = Path(__file__).resolve().parent
 
 
 def collect_base() -> Provenance:
-    commit, dirty = _git_state()
+    commit, dirty = git_state()
     return Provenance(
         cpu_model=_cpu_model(),
         cpu_count=os.cpu_count() or 0,
@@ -105,9 +108,10 @@ def _run(command: list[str], cwd: Path | None = None) -> str | None:
     return done.stdout.strip()
 
 
-def _git_state() -> tuple[str, bool | None]:
-    if os.environ.get("PTSPEED_GIT_COMMIT"):
-        return os.environ["PTSPEED_GIT_COMMIT"], None
+def git_state() -> tuple[str, bool | None]:
+    """The suite's commit and whether the checkout has uncommitted changes (None: unknown)."""
+    if os.environ.get(GIT_COMMIT_VARIABLE):
+        return os.environ[GIT_COMMIT_VARIABLE], None
     commit = _run(["git", "rev-parse", "HEAD"], cwd=SOURCE_DIR)
     if not commit:
         return "", None
