@@ -12,7 +12,12 @@ HOST_TORCH := torch==2.14.1 torchvision==0.29.1 transformers==4.46.3
 RECIPES := $(wildcard docker/*Dockerfile*)
 SHELL_SCRIPTS := docker/install.sh .ci/podman.sh .ci/slurm.sh .ci/run
 
-.PHONY: setup run test test-fast lint format clean
+# make gpu-check: every CUDA path once (DEVICE=cpu: its CPU half). It runs from a plain checkout
+# with whatever Python has torch: the project's .venv where it exists, else $(PYTHON).
+DEVICE ?= cuda
+CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+
+.PHONY: setup run test test-fast lint format clean gpu-check
 
 setup: $(STAMP)
 
@@ -31,6 +36,9 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
+
+gpu-check:
+	PYTHONPATH=src $(CHECK_PYTHON) scripts/gpu_check.py --device $(DEVICE)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

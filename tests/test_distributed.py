@@ -310,7 +310,10 @@ def test_a_single_rank_measures_and_matches_eager(knobs: str, single_rank_group:
     assert (metrics.world_size, metrics.distributed_backend) == (1, "gloo")
     assert metrics.rank_measured_wall_s == [metrics.measured_wall_s]
     assert metrics.throughput_samples_per_s == pytest.approx(4 * 2 / metrics.measured_wall_s)
-    assert record.numerics.passed and record.numerics.max_relative_error < 1e-6
+    errors = record.numerics.errors
+    assert record.numerics.passed and errors["loss"] < 1e-6 and errors["update"] < 1e-3
+    # FSDP shards the gradients: its update, gathered whole, is what shows a wrong reduction.
+    assert ("gradients" in errors) == knobs.startswith("ddp")
 
 
 def test_a_wrong_distributed_step_fails_the_numerics_gate(single_rank_group: None) -> None:

@@ -97,6 +97,16 @@ def _cell_arguments(cell: argparse.ArgumentParser) -> None:
         help=f"inject a fault to test the suite: {FAULTS} (else from ${FAULTS_VARIABLE})",
     )
     cell.add_argument(
+        "--compiler-cache",
+        default="",
+        help="the compiler's cache directory for this cell (TORCHINDUCTOR_CACHE_DIR)",
+    )
+    cell.add_argument(
+        "--cold-compiler-cache",
+        action="store_true",
+        help="empty --compiler-cache first, so that the cell compiles cold",
+    )
+    cell.add_argument(
         "--oom-retry",
         action="store_true",
         help="after running out of memory, run once more at half the batch size",
@@ -123,6 +133,8 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
         threads=args.threads,
         timeout_s=args.timeout,
         fault=args.fault,
+        compiler_cache=args.compiler_cache,
+        compiler_cache_cold=args.cold_compiler_cache,
     )
 
 

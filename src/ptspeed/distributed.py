@@ -16,6 +16,7 @@ rank only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from datetime import timedelta
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from ptspeed.harness import SingleProcess, Unsupported, resolve_device, run_cell
 from ptspeed.knobs import Knobs, parse_knobs
 from ptspeed.record import CellSpec, Metrics
+from ptspeed.reference import host_copy
 from ptspeed.torchrun import FINISHED, threads_per_process, write_rank_outcome
 
 RANK_FAULT_PREFIX = "rank-"
@@ -45,6 +47,7 @@ class Rank(SingleProcess):
         self.backend = ""
         self.reports = rank == 0
         self._collective_device = torch.device("cpu")
+        self.wrap_policy = ""
 
     @classmethod
     def from_environment(cls, spec: CellSpec) -> Rank:
@@ -83,7 +86,9 @@ class Rank(SingleProcess):
         last = self.rank == self.world_size - 1
         return fault[len(RANK_FAULT_PREFIX) :] if last else ""
 
-    def wrap(self, model: Any, knobs: Knobs, device: torch.device) -> tuple[Any, Knobs]:
+    def wrap(
+        self, model: Any, knobs: Knobs, device: torch.device, blocks: tuple[str, ...] = ()
+    ) -> tuple[Any, Knobs]:
         # Memory format first: FSDP flattens the parameters, and converting them afterwards
         # would cut use_orig_params' views loose from the flat parameter.
         if knobs.channels_last:
@@ -94,19 +99,50 @@ class Rank(SingleProcess):
 
             device_ids = [device.index] if device.type == "cuda" else None
             return DistributedDataParallel(model, device_ids=device_ids), step_knobs
-        return self._fsdp(model, knobs, device), step_knobs
+        return self._fsdp(model, knobs, device, blocks), step_knobs
 
-    def _fsdp(self, model: Any, knobs: Knobs, device: torch.device) -> Any:
+    def _fsdp(self, model: Any, knobs: Knobs, device: torch.device, blocks: tuple[str, ...]) -> Any:
         from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
+        block_types = {type(m) for m in model.modules() if type(m).__name__ in blocks}
         options: dict[str, Any] = {"device_id": device}
+        if block_types:
+            # Each block its own unit, as the torch version's own auto-wrap policy does for
+            # transformer layers: parameters gathered block by block, overlapping compute.
+            options["auto_wrap_policy"] = functools.partial(
+                transformer_auto_wrap_policy, transformer_layer_cls=block_types
+            )
         if knobs.cpu_offload:
             # Offloaded parameters live on the host; FSDP shards them on device_id.
             model = model.to("cpu")
             options["cpu_offload"] = CPUOffload(offload_params=True)
         if knobs.compile_mode is not None:
             options["use_orig_params"] = True  # what torch.compile of an FSDP module needs
-        return FullyShardedDataParallel(model, **options)
+        wrapped = FullyShardedDataParallel(model, **options)
+        units = len(FullyShardedDataParallel.fsdp_modules(wrapped))
+        names = ", ".join(sorted(t.__name__ for t in block_types)) or "none found"
+        self.wrap_policy = f"transformer_auto_wrap_policy per block: {names} ({units} units)"
+        return wrapped
+
+    def full_state(self, model: Any) -> dict[str, Any]:
+        """The whole model's state on rank 0 ({} elsewhere); under FSDP a collective, so every
+        rank calls it."""
+        if self.knobs.parallel == "fsdp":
+            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+            whole = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, whole):
+                state = model.state_dict()
+            return host_copy(state.items()) if self.reports else {}
+        return super().full_state(model.module) if self.reports else {}
+
+    def gradients(self, model: Any) -> dict[str, Any] | None:
+        """DDP's averaged gradients (rank 0); None under FSDP, which shards them."""
+        if self.knobs.parallel == "fsdp" or not self.reports:
+            return None
+        return super().gradients(model.module)
 
     def barrier(self) -> None:
         if self.backend == "nccl":

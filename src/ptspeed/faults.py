@@ -11,9 +11,11 @@ and an injected fault is always written in the record (``cell.fault``), so a fau
 be set by accident through a config nor pass unnoticed in a table.
 
 Faults (``ptspeed.validate.FAULTS``): ``error``, ``oom`` (a simulated out-of-memory error in the
-first step), ``hang``, ``crash`` (the worker kills itself), ``numerics`` (a wrong output) and
-``oom-once``: out of memory in the first attempt only, so that a retry at half the batch size
-(``--oom-retry``) succeeds.
+first step), ``hang``, ``crash`` (the worker kills itself), ``numerics`` (a wrong output in every
+step), ``grad`` (gradients doubled after every backward pass), ``skip-step`` (the first optimizer
+step skipped), ``late`` (a wrong output only after the checked steps, for the aggregation's check
+of the last loss) and ``oom-once``: out of memory in the first attempt only, so that a retry at
+half the batch size (``--oom-retry``) succeeds.
 """
 
 from __future__ import annotations

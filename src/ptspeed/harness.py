@@ -1,20 +1,25 @@
 """Run one benchmark cell in this process and return its record.
 
-The order of a cell: build the model and a synthetic batch from the seed; count FLOPs on the
-eager fp32 model; apply the variant's knobs; run the warm-up (the first step, which holds
-compilation, timed on its own); time the measured steps; then, for any variant other than
-eager fp32, rebuild the model from the same initial weights and compare the leading steps
-with an eager fp32 run. Any exception becomes a record with a status, never a crash.
+The order of a cell: build the model and a synthetic batch from the seed; apply the variant's
+process-wide switches (TF32, cuDNN autotuning, memory fraction); start the device's libraries
+the same way in every torch version; warm up (the first step, which holds compilation, timed
+on its own; then the knob's one-off calls, the check steps and any step that still compiles,
+all before the measured window); time the measured steps; count FLOPs on a meta-device copy;
+then run eager fp64 and fp32 steps from the check steps' snapshots and judge the variant
+(:mod:`ptspeed.reference`, :mod:`ptspeed.numerics`). Any exception becomes a record with a
+status, never a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
+import os
 import resource
+import shutil
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +31,16 @@ from ptspeed.knobs import Knobs, parse_knobs, unsupported_reason
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
 from ptspeed.provenance import collect, collect_base, python_version
 from ptspeed.record import CellSpec, Metrics, Record, utc_now
-from ptspeed.steps import batch_supplier, make_step, to_device
-from ptspeed.timing import make_timer, timed_loop
+from ptspeed.reference import CheckCapture, Snapshot, check_numerics, host_copy
+from ptspeed.steps import batch_supplier, build_model, make_step, release_memory
+from ptspeed.timing import CpuTimer, make_timer, timed_loop
 
 WRONG_OUTPUT_SCALE = 1.1
+# A warm-up step that still compiled is followed by more, at most this many beyond the plan.
+MAX_EXTRA_WARMUP_STEPS = 10
+# Check steps GradScaler may skip (fp16 overflow while it finds its scale) before giving up.
+MAX_SCALER_SKIPS = 8
+INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 KIB = 1024
 TRACEBACK_LINES_KEPT = 25
 
@@ -41,7 +52,8 @@ class Unsupported(Exception):
 @dataclass
 class VariantRun:
     metrics: Metrics
-    leading_values: list[Any]
+    checks: list[tuple[Snapshot, numerics.StepValues]]
+    check_from: int
 
 
 class SingleProcess:
@@ -59,14 +71,25 @@ class SingleProcess:
     def fault(self, fault: str) -> str:
         return fault
 
-    def wrap(self, model: Any, knobs: Knobs, device: torch.device) -> tuple[Any, Knobs]:
-        """The model to step and the knobs still to apply to it (see steps.make_step)."""
+    def wrap(
+        self, model: Any, knobs: Knobs, device: torch.device, blocks: tuple[str, ...] = ()
+    ) -> tuple[Any, Knobs]:
+        """The model to step and the knobs still to apply to it (see steps.make_step);
+        ``blocks``: class names of the model's repeated blocks (units of FSDP)."""
         if knobs.parallel:
             raise RuntimeError(f"{knobs.parallel} runs under torchrun (ptspeed.runner), not alone")
         return model, knobs
 
     def barrier(self) -> None:
         """Nothing to wait for."""
+
+    def full_state(self, model: Any) -> dict[str, Any]:
+        """The model's parameters and buffers by name, copied to the host."""
+        return host_copy(model.state_dict().items())
+
+    def gradients(self, model: Any) -> dict[str, Any] | None:
+        """The parameters' gradients by name, copied to the host."""
+        return host_copy((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
 
     def combine(self, metrics: Metrics) -> Metrics:
         return metrics
@@ -97,7 +120,6 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     threads = placement.threads(spec.threads)
     if threads:
         torch.set_num_threads(threads)
-    record.provenance = collect(torch, device)
     knobs = parse_knobs(spec.knobs)
     model_spec = get_model(spec.model)
     reason = unsupported_reason(
@@ -105,35 +127,64 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     )
     if reason:
         raise Unsupported(reason)
-    if knobs.memory_fraction is not None:
-        torch.cuda.set_per_process_memory_fraction(knobs.memory_fraction, device)
+    apply_backend_settings(knobs, device)
+    record.provenance = collect(torch, device)  # after the settings: what the cell ran with
+    cache = use_compiler_cache(spec, knobs)
     sizes = Sizes(spec.batch_size, spec.image_size, spec.seq_len)
     host_batch = model_spec.make_batch(sizes, torch.Generator().manual_seed(spec.seed))
-    model = _build(model_spec, sizes, spec.seed, device)
-    initial_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    flops = count_flops_per_sample(model_spec, model, host_batch, spec.mode, device)
-    model.load_state_dict(initial_state)
-
+    model = build_model(model_spec, sizes, spec.seed, device)
+    prepare_device(device)
     run = _measure_variant(spec, model_spec, model, knobs, host_batch, device, placement)
     record.metrics = run.metrics
+    record.metrics.compiler_cache = cache
+    del model
+    release_memory(device)
+    flops = count_flops_per_sample(model_spec, sizes, host_batch, spec.mode)
     if flops is not None and run.metrics.throughput_samples_per_s:
         record.metrics.flops_per_sample = flops
         record.metrics.achieved_flops_per_s = flops * run.metrics.throughput_samples_per_s
-    del model
-    _release_memory(device)
     if not placement.reports:
         return
-    record.numerics = _check_numerics(
-        spec, model_spec, knobs, host_batch, initial_state, run, device
-    )
+    record.numerics = _guarded_numerics(spec, model_spec, knobs, host_batch, run, device)
     if record.numerics.passed is False:
         record.status = "numerics_mismatch"
         record.reason = numerics.mismatch_reason(record.numerics)
 
 
-def _build(model_spec: ModelSpec, sizes: Sizes, seed: int, device: torch.device) -> Any:
-    torch.manual_seed(seed)
-    return model_spec.build(sizes).to(device)
+def apply_backend_settings(knobs: Knobs, device: torch.device) -> None:
+    """The knobs that are process-wide switches: TF32, cuDNN autotuning, the memory fraction."""
+    if knobs.tf32 is not None:
+        torch.backends.cuda.matmul.allow_tf32 = knobs.tf32
+        torch.backends.cudnn.allow_tf32 = knobs.tf32
+    if knobs.cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = knobs.cudnn_benchmark
+    if knobs.memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(knobs.memory_fraction, device)
+
+
+def use_compiler_cache(spec: CellSpec, knobs: Knobs) -> str:
+    """Point inductor's cache at the cell's own directory; 'cold' or 'warm' as it starts."""
+    if not spec.compiler_cache or knobs.compile_mode is None:
+        return ""
+    directory = Path(spec.compiler_cache)
+    if spec.compiler_cache_cold and directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ[INDUCTOR_CACHE_VARIABLE] = str(directory.resolve())
+    return "warm" if any(directory.iterdir()) else "cold"
+
+
+def prepare_device(device: torch.device) -> None:
+    """Start the device and its libraries the same way in every torch version before the first
+    timed step (CUDA context, cuBLAS, cuDNN, autograd), so that no version's first step pays for
+    them alone."""
+    weights = torch.randn(64, 64, device=device, requires_grad=True)
+    (weights @ weights).sum().backward()
+    images = torch.randn(1, 3, 16, 16, device=device, requires_grad=True)
+    filters = torch.randn(4, 3, 3, 3, device=device)
+    torch.nn.functional.conv2d(images, filters).sum().backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _measure_variant(
@@ -145,136 +196,218 @@ def _measure_variant(
     device: torch.device,
     placement: SingleProcess,
 ) -> VariantRun:
-    scale = WRONG_OUTPUT_SCALE if spec.fault == "numerics" else 1.0
-    model, step_knobs = placement.wrap(model, knobs, device)
-    step = make_step(model_spec, model, step_knobs, spec.mode, device, output_scale=scale)
-    total_steps = spec.warmup_steps + spec.measured_steps
-    next_batch = batch_supplier(host_batch, knobs, device, total_steps)
+    parameter_names = [name for name, _ in model.named_parameters()]
+    model, step_knobs = placement.wrap(model, knobs, device, model_spec.blocks)
+    fault = placement.fault(spec.fault)
+    step = make_step(model_spec, model, step_knobs, spec.mode, device, fault=fault)
+    capture = CheckCapture(model, step, placement, spec.mode, device, parameter_names)
+    plan = WarmupPlan.of(spec, step.one_off_calls, checks=_wants_check(spec, knobs))
+    next_batch = batch_supplier(host_batch, knobs, device, plan.longest + spec.measured_steps)
     _reset_peak_memory(device)
     # The steps draw random numbers (dropout, detection samplers): start them from the same
-    # state as the eager references, whatever FLOP counting and the loader drew before.
+    # state as the eager references, whatever the loader drew before.
     torch.manual_seed(spec.seed)
+
+    def run_step(index: int) -> Any:
+        return faulty_output(step(next_batch()), fault, index, plan.checked_until)
 
     timer = make_timer(torch, device)
     placement.barrier()
-    timer.begin()
-    _inject_fault(placement.fault(spec.fault))
-    first_output = step(next_batch())
-    timer.end()
-    first_step_s = timer.result().wall_s
-    leading = [_numerics_value(first_output, spec.mode)]
-    for index in range(1, spec.warmup_steps):
-        output = step(next_batch())
-        if index < spec.numerics_steps:
-            leading.append(_numerics_value(output, spec.mode))
-    timer.end()
-    warmup_s = timer.result().wall_s
-
+    warmup = _warm_up(plan, run_step, capture, timer, fault)
     placement.barrier()
+    first_measured = warmup.steps_run
+    counter = iter(range(first_measured, first_measured + spec.measured_steps))
     timing, last_output = timed_loop(
-        make_timer(torch, device), lambda: step(next_batch()), spec.measured_steps
+        make_timer(torch, device), lambda: run_step(next(counter)), spec.measured_steps
     )
     memory_bytes, memory_kind = _peak_memory(device)
     metrics = Metrics(
         throughput_samples_per_s=timing.throughput(spec.batch_size),
         measured_wall_s=timing.wall_s,
         step_time_p50_s=timing.p50_s,
-        step_time_p90_s=timing.p90_s,
         step_time_mean_s=timing.mean_s,
+        step_time_p90_s=timing.p90_s,
         step_times_s=timing.step_times_s,
-        first_step_s=first_step_s,
-        warmup_s=warmup_s,
+        first_step_s=warmup.first_step_s,
+        warmup_s=warmup.wall_s,
+        warmup_steps_run=warmup.steps_run,
+        one_off_steps=warmup.one_off_steps,
         peak_memory_bytes=memory_bytes,
         memory_kind=memory_kind,
         batch_size_per_process=spec.batch_size,
+        fsdp_wrap_policy=getattr(placement, "wrap_policy", ""),
     )
     metrics = placement.combine(metrics)
     if spec.mode == "train":
-        metrics.loss_first = finite_or_none(leading[0])
+        metrics.loss_first = finite_or_none(warmup.first_loss)
         metrics.loss_last = finite_or_none(float(last_output.float().item()))
-    return VariantRun(metrics=metrics, leading_values=leading[: spec.numerics_steps])
+    return VariantRun(metrics=metrics, checks=warmup.checks, check_from=plan.check_from)
 
 
-def _numerics_value(output: Any, mode: str) -> Any:
-    """What the numerics check compares: the loss (train) or a detached fp32 output (infer)."""
-    if mode == "train":
-        return float(output.double().item())  # not .float(): keep the fp64 run exact
-    if isinstance(output, torch.Tensor):
-        return output.detach().double().cpu()
+def _wants_check(spec: CellSpec, knobs: Knobs) -> bool:
+    return spec.numerics_steps > 0 and not (knobs.is_eager_fp32 and not spec.fault)
+
+
+@dataclass(frozen=True)
+class WarmupPlan:
+    """How the warm-up goes: at least the configured steps; the knob's one-off calls, then the
+    check steps, all before the measured window; more while a step still compiles."""
+
+    planned: int
+    check_from: int
+    check_count: int
+    longest: int
+
+    @classmethod
+    def of(cls, spec: CellSpec, one_off_calls: int, checks: bool) -> WarmupPlan:
+        count = spec.numerics_steps if checks else 0
+        planned = max(spec.warmup_steps, one_off_calls + count, 1)
+        longest = planned + MAX_EXTRA_WARMUP_STEPS + MAX_SCALER_SKIPS
+        return cls(planned, one_off_calls, count, longest)
+
+    @property
+    def checked_until(self) -> int:
+        """Index of the first step after the check steps (where the ``late`` fault starts)."""
+        return self.check_from + self.check_count
+
+
+@dataclass
+class Warmup:
+    first_step_s: float
+    first_loss: float | None
+    wall_s: float
+    steps_run: int
+    one_off_steps: int
+    checks: list[tuple[Snapshot, numerics.StepValues]]
+
+
+def _warm_up(
+    plan: WarmupPlan,
+    run_step: Callable[[int], Any],
+    capture: CheckCapture,
+    timer: CpuTimer,
+    fault: str,
+) -> Warmup:
+    """Run the warm-up: the first step timed on its own, the check steps captured, and extra
+    steps while compilation goes on (a recompilation) or GradScaler skipped a check step."""
+    checks: list[tuple[Snapshot, numerics.StepValues]] = []
+    check_until, planned = plan.checked_until, plan.planned
+    last_compiling, index, first_step_s, first_loss = -1, 0, 0.0, None
+    while index < planned:
+        snapshot = capture.before() if plan.check_from <= index < check_until else None
+        events = compile_events()
+        if index == 0:
+            timer.begin()
+            _inject_fault(fault)
+        output = run_step(index)
+        if index == 0:
+            timer.end()
+            first_step_s = timer.result().wall_s
+            first_loss = _loss_of(output)
+        if compile_events() != events:
+            last_compiling = index
+            planned = max(planned, min(index + 2, plan.planned + MAX_EXTRA_WARMUP_STEPS))
+        if snapshot is not None:
+            values = capture.after(snapshot, output)
+            if values is None and check_until < plan.checked_until + MAX_SCALER_SKIPS:
+                check_until += 1  # GradScaler skipped the step (overflow): check the next
+                planned = max(planned, check_until)
+            elif values is not None:
+                checks.append((snapshot, values))
+        index += 1
+    timer.end()
+    return Warmup(
+        first_step_s=first_step_s,
+        first_loss=first_loss,
+        wall_s=timer.result().wall_s,
+        steps_run=index,
+        one_off_steps=max(1, plan.check_from, last_compiling + 1),
+        checks=checks,
+    )
+
+
+def _loss_of(output: Any) -> float | None:
+    if isinstance(output, torch.Tensor) and output.numel() == 1:
+        return float(output.float().item())
     return None
 
 
-def _check_numerics(
+def faulty_output(output: Any, fault: str, index: int, checked_until: int) -> Any:
+    """The step's output, made wrong by the ``numerics`` fault (every step) or the ``late``
+    fault (every step after the check steps): tests of the suite only."""
+    wrong = fault == "numerics" or (fault == "late" and index >= checked_until)
+    if wrong and isinstance(output, torch.Tensor):
+        return output * WRONG_OUTPUT_SCALE
+    return output
+
+
+def compile_events() -> int:
+    """How many frames and graphs the compiler has compiled so far in this process (0 where
+    the torch version has no compiler): a change across a step means the step compiled."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return sum(counters["frames"].values()) + sum(counters["aot_autograd"].values())
+
+
+def _guarded_numerics(
     spec: CellSpec,
     model_spec: ModelSpec,
     knobs: Knobs,
     host_batch: Batch,
-    initial_state: dict[str, Any],
     run: VariantRun,
     device: torch.device,
 ) -> numerics.NumericsCheck:
-    if knobs.is_eager_fp32 and not spec.fault:
-        return numerics.not_checked("eager fp32 is the reference itself")
-    if spec.numerics_steps == 0:
-        return numerics.not_checked("numerics_steps is 0")
+    """The numerics check; a reference that cannot run leaves the numerics not checked, with
+    the reason, and never costs the measured result."""
+    if not _wants_check(spec, knobs):
+        why = (
+            "numerics_steps is 0"
+            if spec.numerics_steps == 0
+            else "eager fp32 is the reference itself"
+        )
+        return numerics.not_checked(why)
     if spec.mode == "infer" and model_spec.ragged_output:
         return numerics.not_checked("outputs have data-dependent shapes (detections)")
-
-    def eager(dtype: torch.dtype, rng_seed: int = spec.seed) -> list[Any]:
-        return _eager_values(spec, model_spec, host_batch, initial_state, device, dtype, rng_seed)
-
-    fp32 = eager(torch.float32)
     try:
-        fp64 = eager(torch.float64)
-    except Exception:
-        fp64 = None
-    # A compiled graph draws its own dropout masks: eager under another seed shows how much
-    # the loss moves with the masks alone. Inference runs in eval mode, without dropout.
-    reseeded = eager(torch.float32, spec.seed + 1) if spec.mode == "train" else None
+        check = check_numerics(
+            spec, model_spec, knobs, host_batch, run.checks, device, cell_precision(knobs, device)
+        )
+    except Exception as exc:
+        release_memory(device)
+        what = "out of memory" if is_out_of_memory(exc) else type(exc).__name__
+        return numerics.not_checked(f"the eager reference could not run ({what}: {exc})"[:500])
+    check.first_check_step = run.check_from
+    return check
+
+
+def cell_precision(knobs: Knobs, device: torch.device) -> str:
+    """The precision the variant computes in: its autocast dtype, else TF32 where CUDA has it
+    switched on for matmuls or convolutions, else fp32."""
     precision = knobs.precision(device.type)
-    return numerics.compare(run.leading_values, fp32, fp64, precision, spec.mode, reseeded)
-
-
-def _eager_values(
-    spec: CellSpec,
-    model_spec: ModelSpec,
-    host_batch: Batch,
-    initial_state: dict[str, Any],
-    device: torch.device,
-    dtype: torch.dtype,
-    rng_seed: int,
-) -> list[Any]:
-    """The leading steps' values of an eager run in ``dtype`` from the cell's initial state,
-    random ops (dropout) seeded with ``rng_seed``."""
-    sizes = Sizes(spec.batch_size, spec.image_size, spec.seq_len)
-    model = _build(model_spec, sizes, spec.seed, device)
-    model.load_state_dict(initial_state)
-    model.to(dtype)
-    step = make_step(model_spec, model, Knobs(), spec.mode, device)
-    batch = {
-        name: tensor.to(dtype) if tensor.is_floating_point() else tensor
-        for name, tensor in to_device(host_batch, device, channels_last=False).items()
-    }
-    torch.manual_seed(rng_seed)  # with spec.seed: the state the variant's steps start from
-    try:
-        return [_numerics_value(step(batch), spec.mode) for _ in range(spec.numerics_steps)]
-    finally:
-        del model, step, batch
-        _release_memory(device)
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
+    if precision == "fp32" and device.type == "cuda" and tf32:
+        return "tf32"
+    return precision
 
 
 def count_flops_per_sample(
-    model_spec: ModelSpec, model: Any, host_batch: Batch, mode: str, device: torch.device
+    model_spec: ModelSpec, sizes: Sizes, host_batch: Batch, mode: str
 ) -> float | None:
-    """FLOPs of one eager fp32 step per sample, where this torch can count them (>= 2.1)."""
+    """FLOPs of one eager fp32 step per sample, where this torch can count them (>= 2.1).
+
+    Counted on a copy of the model on the meta device, after the measured window: no
+    arithmetic, no memory, and nothing run on the device before the first timed step."""
     try:
         from torch.utils.flop_counter import FlopCounterMode
     except ImportError:
         return None
-    batch = to_device(host_batch, device, channels_last=False)
-    batch_size = len(next(iter(batch.values())))
-    model.train(mode == "train")
     try:
+        with torch.device("meta"):
+            model = model_spec.build(sizes)
+        batch = {name: tensor.to("meta") for name, tensor in host_batch.items()}
+        model.train(mode == "train")
         with FlopCounterMode(display=False) as counter:
             if mode == "train":
                 model_spec.loss(model, batch).backward()
@@ -283,17 +416,20 @@ def count_flops_per_sample(
                     model_spec.infer(model, batch)
     except Exception:
         return None
-    finally:
-        model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / batch_size
+    return counter.get_total_flops() / sizes.batch_size
 
 
 def resolve_device(requested: str) -> torch.device:
+    """The device to run on, with its index: APIs such as set_per_process_memory_fraction
+    refuse a CUDA device without one."""
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise Unsupported("device cuda requested but torch sees no CUDA device")
-    return torch.device(requested)
+    device = torch.device(requested)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def torch_version() -> tuple[int, int]:
@@ -348,12 +484,6 @@ def _peak_memory(device: torch.device) -> tuple[int | None, str]:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB, "process_peak_rss"
-
-
-def _release_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def _describe(exc: BaseException, spec: CellSpec) -> str:

@@ -16,6 +16,9 @@ A variant is written as knobs joined by ``+``, each ``name`` or ``name=value``::
     fsdp                       FullyShardedDataParallel (the whole model as one unit)
     fsdp=offload               FSDP with CPUOffload(offload_params=True) (CUDA)
     procs=N                    processes of ddp/fsdp, 1 to 64 (default 2)
+    tf32=on|off                TF32 in matmuls and cuDNN convolutions (CUDA; default: what the
+                               torch version does, recorded in provenance)
+    cudnn_benchmark[=on|off]   cuDNN autotuning of convolution algorithms (CUDA; default: off)
 
 Distributed variants (ddp, fsdp) run N processes started by torchrun: NCCL on CUDA (one GPU
 per process), gloo on the CPU (the cell's threads divided among them). Every process trains
@@ -56,7 +59,10 @@ KNOB_NAMES = (
     "ddp",
     "fsdp",
     "procs",
+    "tf32",
+    "cudnn_benchmark",
 )
+SWITCH_VALUES = ("on", "off")
 _NAME_PATTERN = re.compile(r"[a-z0-9_]+(=[a-z0-9_.-]+)?")  # fullmatch: "$" would allow "\n"
 
 
@@ -77,6 +83,8 @@ class Knobs:
     parallel: str | None = None  # "ddp" or "fsdp"
     cpu_offload: bool = False
     processes: int = 1
+    tf32: bool | None = None  # None: the torch version's default
+    cudnn_benchmark: bool | None = None
 
     @property
     def is_eager_fp32(self) -> bool:
@@ -155,6 +163,10 @@ def _parse_one(name: str, value: str) -> dict[str, object]:
         return {"parallel": "fsdp", "cpu_offload": offload}
     if name == "procs":
         return {"processes": _integer(name, value, minimum=1, maximum=MAX_PROCESSES)}
+    if name == "tf32":
+        return {"tf32": _choice(name, value, SWITCH_VALUES) == "on"}
+    if name == "cudnn_benchmark":
+        return {"cudnn_benchmark": _choice(name, value or "on", SWITCH_VALUES) == "on"}
     raise BadInput(f"knobs: unknown knob {name!r} (accepted: {', '.join(KNOB_NAMES)})")
 
 
@@ -211,6 +223,8 @@ def unsupported_reason(
         "pin (pinned host memory)": knobs.pin_memory,
         "memfrac (set_per_process_memory_fraction)": knobs.memory_fraction is not None,
         "amp=fp16 (fp16 autocast with GradScaler)": knobs.precision(device_type) == "fp16",
+        "tf32 (TF32 matmuls and convolutions)": knobs.tf32 is not None,
+        "cudnn_benchmark (cuDNN autotuning)": knobs.cudnn_benchmark is not None,
     }
     if device_type != "cuda":
         for what, wanted in cuda_only.items():

@@ -1,33 +1,64 @@
 """The numerics gate: an optimised variant must compute what eager computes.
 
-Train mode compares the loss of each leading step (same initial weights, same batch, same
-optimizer); infer mode compares the first output tensor. Errors are relative:
-|v - r| / |r| for losses, ||v - r|| / ||r|| for outputs.
+The gate checks *check steps*: the first ``numerics_steps`` steps of the variant after its
+one-off work (a CUDA graph's capture, cudagraph trees' recording), so that what is checked is
+what is measured (a replayed graph, not the eager calls before its capture). Before each check
+step the harness takes a snapshot of the model's state, the optimizer's momentum and the random
+number generators; the eager references then run one step from that same snapshot. Nothing
+drifts between a check step and its references, so the comparison can be tight even where
+training itself is chaotic (batch norm over a handful of values, early training).
 
-The reference is an eager fp64 run where one can be made, as in PyTorch's own compile
-benchmarks: the variant's error against fp64 is set beside eager fp32's own error against
-fp64. The variant passes when its error is at most the largest of: the tolerance of its
-precision; 5 x eager fp32's own error (ill-conditioned cases where fp32 itself drifts: batch
-norm over a handful of values, chaotic early training); 3 x the difference between two eager
-fp32 runs whose random ops (dropout) are seeded differently (a compiled graph draws its own
-dropout masks, so it cannot match eager's exactly; a model without random ops adds nothing).
-Tolerances: fp32 0.5 % (reassociation and the approximations compilers use for
-transcendental functions), fp16 2 %, bf16 5 % (11 and 8 significant bits). A deliberately
-wrong result (10 % off) fails all of them. Without an fp64 run the variant is compared with
-eager fp32.
+Compared, as relative errors (``||v - r|| / ||r||`` over all tensors together):
+
+* train: the loss, the gradients (before the optimizer uses them) and the update (parameters
+  after the step minus before), so a wrong backward pass, a wrong DDP/FSDP reduction, a skipped
+  optimizer or GradScaler step are each caught on their own;
+* infer: the output, as a fixed strided sample of its elements (bounded memory however large
+  the logits).
+
+The reference is an eager fp64 step where one can run, as in PyTorch's own compile
+benchmarks; eager fp32 (TF32 off) measures what fp32 itself is allowed. For each quantity the
+variant passes when its error is at most the largest of: the tolerance of its precision;
+5 x eager fp32's own error against fp64 for that quantity (ill-conditioned steps); 3 x the
+difference between two eager fp32 steps whose random ops are seeded differently, only for
+variants that draw their own random numbers (compiled graphs, CUDA graphs: their dropout
+masks cannot match eager's). Tolerances: fp32 0.5 % (reassociation, compilers' approximations
+of transcendental functions), TF32 1 % (10-bit mantissa in matmuls and convolutions), fp16
+2 %, bf16 5 % (11 and 8 significant bits). Without an fp64 step the variant is compared with
+eager fp32. A non-finite value is an infinite error.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ptspeed.record import NumericsCheck
 
-TOLERANCES = {"fp32": 5e-3, "fp16": 2e-2, "bf16": 5e-2}
+TOLERANCES = {"fp32": 5e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 5e-2}
 FP32_ERROR_MULTIPLIER = 5.0
 RESEEDED_ERROR_MULTIPLIER = 3.0
 TINY = 1e-12
+TRAIN_QUANTITIES = ("loss", "gradients", "update")
+INFER_QUANTITIES = ("output",)
+OPTIONAL_QUANTITIES = ("gradients",)
+
+
+@dataclass
+class StepValues:
+    """What one step produced, on the host: the loss (a float) or a sample of the output, and
+    in train mode the gradients and the update by parameter name (None where unavailable,
+    e.g. gradients sharded by FSDP)."""
+
+    loss: float | None = None
+    output: Any = None
+    gradients: dict[str, Any] | None = None
+    update: dict[str, Any] | None = None
+
+    def quantity(self, name: str) -> Any:
+        return getattr(self, name)
 
 
 def not_checked(reason: str) -> NumericsCheck:
@@ -35,69 +66,144 @@ def not_checked(reason: str) -> NumericsCheck:
 
 
 def relative_error(value: Any, reference: Any) -> float:
-    """Relative error of a float or a tensor against its reference; inf when incomparable."""
-    if isinstance(value, float) and isinstance(reference, float):
-        if math.isnan(value) or math.isnan(reference):
-            return math.inf
-        return abs(value - reference) / max(abs(reference), TINY)
-    if value is None or reference is None or tuple(value.shape) != tuple(reference.shape):
+    """Relative error of a float, a tensor or a name → tensor mapping against its reference
+    (mappings: the norm over all tensors together); inf when incomparable or non-finite."""
+    if value is None or reference is None:
+        return math.inf
+    if isinstance(value, float) or isinstance(reference, float):
+        return _scalar_error(value, reference)
+    if isinstance(value, Mapping):
+        return _mapping_error(value, reference)
+    if tuple(value.shape) != tuple(reference.shape):
         return math.inf
     difference = float((value.double() - reference.double()).norm())
-    scale = max(float(reference.double().norm()), TINY)
-    return difference / scale if math.isfinite(difference) else math.inf
+    return _ratio(difference, float(reference.double().norm()))
 
 
-def _worst(values: list[Any], references: list[Any]) -> float:
-    return max((relative_error(v, r) for v, r in zip(values, references, strict=True)), default=0.0)
+def _scalar_error(value: Any, reference: Any) -> float:
+    if not isinstance(value, float) or not isinstance(reference, float):
+        return math.inf
+    return _ratio(abs(value - reference), abs(reference))
 
 
-def compare(
-    values: list[Any],
-    fp32_values: list[Any],
-    fp64_values: list[Any] | None,
-    precision: str,
-    mode: str,
-    reseeded_values: list[Any] | None = None,
-) -> NumericsCheck:
-    """Judge the variant's ``values`` against the eager references (see the module doc).
+def _mapping_error(value: Mapping[str, Any], reference: Any) -> float:
+    if not isinstance(reference, Mapping) or set(value) != set(reference):
+        return math.inf
+    difference_squared = reference_squared = 0.0
+    for name, tensor in reference.items():
+        if tuple(value[name].shape) != tuple(tensor.shape):
+            return math.inf
+        difference_squared += float((value[name].double() - tensor.double()).norm()) ** 2
+        reference_squared += float(tensor.double().norm()) ** 2
+    return _ratio(math.sqrt(difference_squared), math.sqrt(reference_squared))
 
-    ``reseeded_values``: eager fp32 with random ops (dropout) seeded differently; their
-    distance from ``fp32_values`` is the part of any difference that random masks alone make.
-    """
-    tolerance = TOLERANCES[precision]
-    reseeded_error = _worst(reseeded_values, fp32_values) if reseeded_values else 0.0
-    if fp64_values:
-        error = _worst(values, fp64_values)
-        fp32_error = _worst(fp32_values, fp64_values)
-    else:
-        error, fp32_error = _worst(values, fp32_values), math.nan
-    allowed = max(
-        tolerance,
-        FP32_ERROR_MULTIPLIER * fp32_error if fp64_values else 0.0,
-        RESEEDED_ERROR_MULTIPLIER * reseeded_error,
+
+def _ratio(difference: float, scale: float) -> float:
+    if not (math.isfinite(difference) and math.isfinite(scale)):
+        return math.inf
+    return difference / max(scale, TINY)
+
+
+def compared_quantities(mode: str, values: StepValues) -> tuple[str, ...]:
+    """The quantities compared: all of the mode's, but gradients where a check step has none
+    (FSDP shards them; its update, gathered whole, still shows a wrong reduction)."""
+    names = TRAIN_QUANTITIES if mode == "train" else INFER_QUANTITIES
+    return tuple(
+        name
+        for name in names
+        if name not in OPTIONAL_QUANTITIES or values.quantity(name) is not None
     )
+
+
+@dataclass
+class StepErrors:
+    """One check step's relative errors by quantity: the variant's against the reference
+    (fp64, else fp32), eager fp32's against fp64 ({} without fp64), and the difference of eager
+    fp32 steps seeded differently ({} unless the variant draws its own random numbers)."""
+
+    variant: dict[str, float]
+    eager_fp32: dict[str, float]
+    reseeded: dict[str, float]
+    values: tuple[float | None, float | None, float | None]  # variant, fp32, fp64 summaries
+
+
+def step_errors(
+    mode: str,
+    variant: StepValues,
+    fp32: StepValues,
+    fp64: StepValues | None,
+    reseeded: StepValues | None = None,
+) -> StepErrors:
+    """Compare one check step's values with the eager steps from the same snapshot."""
+    reference = fp64 or fp32
+    quantities = compared_quantities(mode, variant)
+    return StepErrors(
+        variant={q: relative_error(variant.quantity(q), reference.quantity(q)) for q in quantities},
+        eager_fp32={
+            q: relative_error(fp32.quantity(q), fp64.quantity(q)) for q in quantities if fp64
+        },
+        reseeded={
+            q: relative_error(reseeded.quantity(q), fp32.quantity(q))
+            for q in quantities
+            if reseeded
+        },
+        values=(_summary(variant, mode), _summary(fp32, mode), fp64 and _summary(fp64, mode)),
+    )
+
+
+def judge(steps: list[StepErrors], precision: str, with_fp64: bool) -> NumericsCheck:
+    """The verdict over all check steps: each quantity's worst error against its bound."""
+    tolerance = TOLERANCES[precision]
+    errors = _worst_by_quantity(step.variant for step in steps)
+    fp32_errors = _worst_by_quantity(step.eager_fp32 for step in steps)
+    reseeded_errors = _worst_by_quantity(step.reseeded for step in steps)
+    allowed = {
+        q: max(
+            tolerance,
+            FP32_ERROR_MULTIPLIER * fp32_errors.get(q, 0.0),
+            RESEEDED_ERROR_MULTIPLIER * reseeded_errors.get(q, 0.0),
+        )
+        for q in errors
+    }
+    worst = max(errors, key=lambda q: _excess(errors[q], allowed[q]))
     return NumericsCheck(
         checked=True,
-        compared="loss" if mode == "train" else "output",
+        compared=", ".join(errors),
         precision=precision,
-        reference="fp64" if fp64_values else "fp32",
+        reference="fp64" if with_fp64 else "fp32",
         tolerance=tolerance,
-        eager_fp32_error=_finite(fp32_error),
-        eager_reseeded_error=_finite(reseeded_error),
-        allowed_error=_finite(allowed),
-        max_relative_error=_finite(error),
-        variant_values=[_summary(v) for v in values],
-        reference_values=[_summary(r) for r in fp32_values],
-        fp64_values=[_summary(r) for r in fp64_values or []],
-        passed=error <= allowed,
+        check_steps=len(steps),
+        worst_quantity=worst,
+        errors=_finite_map(errors),
+        allowed_errors=_finite_map(allowed),
+        eager_fp32_error=_finite(fp32_errors[worst]) if worst in fp32_errors else None,
+        eager_reseeded_error=_finite(reseeded_errors.get(worst, 0.0)),
+        allowed_error=_finite(allowed[worst]),
+        max_relative_error=_finite(errors[worst]),
+        variant_values=[step.values[0] for step in steps],
+        reference_values=[step.values[1] for step in steps],
+        fp64_values=[step.values[2] for step in steps] if with_fp64 else [],
+        passed=all(errors[q] <= allowed[q] for q in errors),
     )
+
+
+def _worst_by_quantity(per_step: Any) -> dict[str, float]:
+    worst: dict[str, float] = {}
+    for errors in per_step:
+        for quantity, error in errors.items():
+            worst[quantity] = max(worst.get(quantity, 0.0), error)
+    return worst
+
+
+def _excess(error: float, allowed: float) -> float:
+    return math.inf if not math.isfinite(error) else error / max(allowed, TINY)
 
 
 def mismatch_reason(check: NumericsCheck) -> str:
     error = check.max_relative_error
     found = f"{error:.3g}" if error is not None else "a non-finite amount"
     return (
-        f"{check.compared} differs from eager {check.reference} by {found} "
+        f"{check.worst_quantity} differs from eager {check.reference} by {found} "
         f"(allowed {check.allowed_error:.3g} for {check.precision})"
     )
 
@@ -106,9 +212,15 @@ def _finite(number: float) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _summary(value: Any) -> float:
-    """A JSON-safe number standing for a compared value (the loss, or an output's norm)."""
-    if value is None:
-        return 0.0
-    number = value if isinstance(value, float) else float(value.double().norm())
-    return number if math.isfinite(number) else 0.0
+def _finite_map(numbers: Mapping[str, float]) -> dict[str, float | None]:
+    return {name: _finite(number) for name, number in numbers.items()}
+
+
+def _summary(values: StepValues, mode: str) -> float | None:
+    """A JSON number standing for a step: its loss (train) or its output sample's norm (infer);
+    null when non-finite, so a NaN loss is never shown as a number."""
+    if mode == "train":
+        number = values.loss
+    else:
+        number = None if values.output is None else float(values.output.double().norm())
+    return number if number is not None and math.isfinite(number) else None

@@ -18,7 +18,15 @@ from typing import Any
 from ptspeed.gpus import ASSIGNMENT_VARIABLE
 from ptspeed.record import Provenance
 
-PACKAGES = ("torch", "torchvision", "transformers", "numpy")
+PACKAGES = ("torch", "torchvision", "transformers", "numpy", "triton", "pytorch-triton")
+# Environment variables that change how the caching allocators behave.
+ALLOCATOR_VARIABLES = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "PYTORCH_CUDA_ALLOC_SYNC",
+)
+GPU_STATE_QUERY = "clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
 # Set by the workflow's container runtimes (ptspeed.containers): the image and its digest, and
 # the commit of the mounted checkout (an image has no git to ask).
 CONTAINER_IMAGE_VARIABLE = "PTSPEED_CONTAINER_IMAGE"
@@ -43,6 +51,7 @@ def collect_base() -> Provenance:
         platform=f"{platform.system()} {platform.release()} {platform.machine()}",
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         gpu_assignment=os.environ.get(ASSIGNMENT_VARIABLE, ""),
+        allocator_settings={v: os.environ[v] for v in ALLOCATOR_VARIABLES if v in os.environ},
     )
 
 
@@ -53,14 +62,52 @@ def collect(torch: Any, device: Any) -> Provenance:
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     provenance.cudnn = str(cudnn) if cudnn else ""
     provenance.torch_threads = torch.get_num_threads()
+    provenance.float32_matmul_precision = _float32_matmul_precision(torch)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         provenance.device_index = index
         provenance.device_name = torch.cuda.get_device_name(index)
         provenance.gpu_driver = _nvidia_driver()
+        provenance.gpu_state = _gpu_state(index)
+        provenance.nccl = _nccl_version(torch)
+        provenance.tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32)
+        provenance.tf32_cudnn = bool(torch.backends.cudnn.allow_tf32)
+        provenance.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     else:
         provenance.device_name = provenance.cpu_model
     return provenance
+
+
+def _float32_matmul_precision(torch: Any) -> str:
+    getter = getattr(torch, "get_float32_matmul_precision", None)
+    return getter() if getter is not None else ""
+
+
+def _smi_id(index: int) -> str:
+    """nvidia-smi's name for torch's device ``index``: nvidia-smi ignores
+    CUDA_VISIBLE_DEVICES, whose entries (indices or UUIDs) say which GPU torch's index is."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    visible = [entry.strip() for entry in listed if entry.strip()]
+    return visible[index] if index < len(visible) else str(index)
+
+
+def _nccl_version(torch: Any) -> str:
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return ""
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def _gpu_state(index: int) -> str:
+    """Clocks, power and temperature of GPU ``index`` as nvidia-smi reports them."""
+    query = f"--query-gpu={GPU_STATE_QUERY}"
+    output = _run(["nvidia-smi", f"--id={_smi_id(index)}", query, "--format=csv,noheader"])
+    if not output:
+        return ""
+    values = [value.strip() for value in output.splitlines()[0].split(",")]
+    names = ("sm_clock", "max_sm_clock", "power_draw", "power_limit", "temperature_c")
+    return ", ".join(f"{name} {value}" for name, value in zip(names, values, strict=False))
 
 
 def _cpu_model() -> str:
@@ -115,7 +162,7 @@ def git_state() -> tuple[str, bool | None]:
     commit = _run(["git", "rev-parse", "HEAD"], cwd=SOURCE_DIR)
     if not commit:
         return "", None
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=SOURCE_DIR)
+    status = _run(["git", "status", "--porcelain"], cwd=SOURCE_DIR)
     return commit, bool(status) if status is not None else None
 
 

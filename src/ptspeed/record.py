@@ -49,13 +49,23 @@ class CellSpec:
     seed: int = _doc("Seed for weights and synthetic data.", 0)
     warmup_steps: int = _doc("Steps run before measuring (the first holds compilation).", 3)
     measured_steps: int = _doc("Steps whose times make the throughput.", 10)
-    numerics_steps: int = _doc("Leading steps compared with the eager fp32 reference.", 2)
+    numerics_steps: int = _doc(
+        "Steps checked against eager (after the knob's one-off calls); 0: no check.", 2
+    )
     device: str = _doc("Requested device: 'auto', 'cpu' or 'cuda'.", "auto")
     threads: int = _doc("CPU threads for torch (0: torch's default).", 0)
     timeout_s: float = _doc(
         "Wall-clock limit of the cell; past it the cell is a 'timeout'.", 1800.0
     )
     fault: str = _doc("Injected fault for testing the suite itself ('' in real runs).", "")
+    compiler_cache: str = _doc(
+        "Directory of the compiler's cache for this cell (TORCHINDUCTOR_CACHE_DIR); '' for the "
+        "torch default. Trials of a cell share it: the first compiles cold, the others warm.",
+        "",
+    )
+    compiler_cache_cold: bool = _doc(
+        "Empty compiler_cache before the cell, so that it compiles cold.", False
+    )
     retried_from_batch_size: Optional[int] = _doc(
         "The configured batch size, when it ran out of memory and this record is of the retry at "
         "half of it (config oom_retry); null when not retried.",
@@ -85,7 +95,24 @@ class Metrics:
     first_step_s: Optional[float] = _doc(
         "Time of the first step, compilation included (synchronised).", None
     )
-    warmup_s: Optional[float] = _doc("Time of all warm-up steps, the first included.", None)
+    warmup_s: Optional[float] = _doc(
+        "Time of all warm-up steps, the first and the numerics check's copies included.", None
+    )
+    warmup_steps_run: Optional[int] = _doc(
+        "Warm-up steps run: at least cell.warmup_steps, more when the knob's one-off work and the "
+        "check steps need them, or when a warm-up step still compiled.",
+        None,
+    )
+    one_off_steps: Optional[int] = _doc(
+        "Steps that held one-off work of a knob (CUDA graph capture, cudagraph trees' recording, "
+        "compilation and recompilations): all of them ended before the measured window.",
+        None,
+    )
+    compiler_cache: str = _doc(
+        "'cold' when the cell's compiler cache directory started empty, 'warm' when it held an "
+        "earlier trial's artefacts, '' when the cell does not compile or has no cache of its own.",
+        "",
+    )
     peak_memory_bytes: Optional[int] = _doc("Peak memory while stepping (see memory_kind).", None)
     memory_kind: str = _doc(
         "'cuda_allocator_peak' (torch.cuda.max_memory_allocated) or 'process_peak_rss'.", ""
@@ -107,6 +134,11 @@ class Metrics:
         "Process group backend of a distributed cell: 'nccl' (CUDA) or 'gloo' (CPU); '' otherwise.",
         "",
     )
+    fsdp_wrap_policy: str = _doc(
+        "How FSDP split the model into units, e.g. 'per block: BertLayer (12 units)'; '' "
+        "without fsdp.",
+        "",
+    )
     rank_measured_wall_s: list[float] = _doc(
         "Each process's wall time of the measured steps, by rank (distributed cells); "
         "measured_wall_s is the largest. A rank's own throughput is batch_size x measured_steps "
@@ -117,29 +149,49 @@ class Metrics:
 
 @dataclass
 class NumericsCheck:
-    """The variant compared with eager runs from the same seed, weights and batch.
+    """The variant's check steps compared with eager steps from the same snapshot.
 
-    Errors are relative to the eager fp64 run where it could be made (else to eager fp32).
-    The variant passes when its error is within allowed_error = max(tolerance,
-    5 x eager_fp32_error, 3 x eager_reseeded_error): see ptspeed.numerics for why.
+    Check steps are the first numerics_steps steps after the knob's one-off work; before each,
+    the model, optimizer and random state are copied, and eager fp64 and fp32 run one step from
+    that copy (see ptspeed.numerics). Compared: the loss, gradients and update (train) or the
+    output (infer). Each quantity passes within allowed_errors[q] = max(tolerance,
+    5 x eager fp32's error, 3 x eager reseeded difference for variants with their own random
+    numbers). The scalar fields describe the worst quantity (largest error / allowed).
     """
 
     checked: bool = _doc("Whether a comparison was made.", False)
-    reason: str = _doc("Why not, when checked is false.", "")
-    compared: str = _doc("'loss' (train: loss of each leading step) or 'output' (infer).", "")
-    precision: str = _doc("Precision of the variant: fp32, bf16 or fp16.", "")
-    reference: str = _doc("'fp64' or 'fp32': the eager run the errors are measured against.", "")
+    reason: str = _doc("Why not, when checked is false (or what could not be compared).", "")
+    compared: str = _doc("The quantities compared, e.g. 'loss, gradients, update' or 'output'.", "")
+    precision: str = _doc("Precision of the variant: fp32, tf32, bf16 or fp16.", "")
+    reference: str = _doc("'fp64' or 'fp32': the eager step the errors are measured against.", "")
     tolerance: Optional[float] = _doc("Relative error accepted for this precision.", None)
-    eager_fp32_error: Optional[float] = _doc("Relative error of eager fp32 against fp64.", None)
-    eager_reseeded_error: Optional[float] = _doc(
-        "Relative difference of eager fp32 runs with random ops seeded differently (train).", None
+    check_steps: int = _doc("Steps checked (each from its own snapshot).", 0)
+    first_check_step: Optional[int] = _doc(
+        "Index (from 0) of the first checked step: after the knob's one-off calls.", None
     )
-    allowed_error: Optional[float] = _doc("The bound applied (see above).", None)
-    max_relative_error: Optional[float] = _doc("Largest relative error of the variant.", None)
-    variant_values: list[float] = _doc("The variant's losses (train) or output norm (infer).", [])
-    reference_values: list[float] = _doc("Eager fp32's losses or output norm.", [])
-    fp64_values: list[float] = _doc("Eager fp64's losses or output norm ([] when not run).", [])
-    passed: Optional[bool] = _doc("max_relative_error <= allowed_error.", None)
+    worst_quantity: str = _doc("The quantity with the largest error relative to its bound.", "")
+    errors: dict[str, Optional[float]] = _doc(
+        "Largest relative error of each quantity over the check steps (null: non-finite).", {}
+    )
+    allowed_errors: dict[str, Optional[float]] = _doc("The bound of each quantity.", {})
+    eager_fp32_error: Optional[float] = _doc(
+        "Eager fp32's error against fp64 for the worst quantity.", None
+    )
+    eager_reseeded_error: Optional[float] = _doc(
+        "Difference of eager fp32 steps with random ops seeded differently, worst quantity "
+        "(0 for variants that draw eager's random numbers).",
+        None,
+    )
+    allowed_error: Optional[float] = _doc("The bound of the worst quantity.", None)
+    max_relative_error: Optional[float] = _doc("The error of the worst quantity.", None)
+    variant_values: list[Optional[float]] = _doc(
+        "The variant's loss (train) or output sample norm (infer) at each check step; "
+        "null: non-finite.",
+        [],
+    )
+    reference_values: list[Optional[float]] = _doc("Eager fp32's, likewise.", [])
+    fp64_values: list[Optional[float]] = _doc("Eager fp64's, likewise ([] when not run).", [])
+    passed: Optional[bool] = _doc("Every quantity within its bound.", None)
 
 
 @dataclass
@@ -160,9 +212,34 @@ class Provenance:
     cpu_count: int = _doc("Logical CPUs of the machine.", 0)
     torch_threads: int = _doc("torch.get_num_threads() during the cell.", 0)
     python: str = _doc("Python version.", "")
-    packages: dict[str, str] = _doc("Versions of torch, torchvision, transformers, numpy.", {})
+    packages: dict[str, str] = _doc(
+        "Versions of torch, torchvision, transformers, numpy, triton.", {}
+    )
+    nccl: str = _doc("NCCL version torch was built with ('' without CUDA).", "")
+    tf32_matmul: Optional[bool] = _doc(
+        "torch.backends.cuda.matmul.allow_tf32 in force during the cell (null off CUDA).", None
+    )
+    tf32_cudnn: Optional[bool] = _doc(
+        "torch.backends.cudnn.allow_tf32 in force during the cell (null off CUDA).", None
+    )
+    cudnn_benchmark: Optional[bool] = _doc(
+        "torch.backends.cudnn.benchmark in force during the cell (null off CUDA).", None
+    )
+    float32_matmul_precision: str = _doc(
+        "torch.get_float32_matmul_precision(): 'highest', 'high' or 'medium'.", ""
+    )
+    allocator_settings: dict[str, str] = _doc(
+        "Allocator environment variables set for the cell (PYTORCH_CUDA_ALLOC_CONF, …).", {}
+    )
+    gpu_state: str = _doc(
+        "The GPU's SM clock, its maximum, power draw and limit and temperature at the start "
+        "(nvidia-smi; '' without a GPU).",
+        "",
+    )
     git_commit: str = _doc("Commit of the suite's code ('' outside a checkout).", "")
-    git_dirty: Optional[bool] = _doc("Whether the checkout had uncommitted changes.", None)
+    git_dirty: Optional[bool] = _doc(
+        "Whether the checkout had uncommitted changes or untracked files.", None
+    )
     hostname: str = _doc("Host name.", "")
     container_image: str = _doc("Container image (name or digest), '' outside containers.", "")
     container_digest: str = _doc(

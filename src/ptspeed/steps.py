@@ -8,19 +8,36 @@ user's own training loop would do.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ptspeed.knobs import Knobs
-from ptspeed.models import Batch, ModelSpec
+from ptspeed.models import Batch, ModelSpec, Sizes
 
-Step = Callable[[Batch], Any]
 LEARNING_RATE = 1e-3
 MOMENTUM = 0.9
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 CUDA_GRAPH_WARMUP_CALLS = 3
+# torch.compile modes that capture CUDA graphs (cudagraph trees): a compiled function runs
+# once in warm-up, is recorded on its next call, and replayed from the third call on.
+COMPILE_MODES_WITH_CUDAGRAPHS = ("reduce-overhead", "max-autotune")
+CUDAGRAPH_TREES_ONE_OFF_CALLS = 2
+
+
+def build_model(model_spec: ModelSpec, sizes: Sizes, seed: int, device: torch.device) -> Any:
+    """The model with its seeded initial weights, on ``device``."""
+    torch.manual_seed(seed)
+    return model_spec.build(sizes).to(device)
+
+
+def release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def prepare_model(model: torch.nn.Module, knobs: Knobs, mode: str) -> torch.nn.Module:
@@ -34,31 +51,59 @@ def prepare_model(model: torch.nn.Module, knobs: Knobs, mode: str) -> torch.nn.M
     return model
 
 
+@dataclass
+class Step:
+    """One step of a cell: call it with a batch; it returns the loss (train) or the output.
+
+    ``optimizer`` is the step's optimizer (train mode), so the numerics check can read and
+    restore its state; ``one_off_calls`` is how many first calls hold one-off work of a knob
+    (CUDA graph capture, cudagraph trees' recording) and produce no steady-state values.
+    """
+
+    run: Callable[[Batch], Any]
+    optimizer: torch.optim.Optimizer | None = None
+    one_off_calls: int = 0
+    scaler: Any = None  # the GradScaler of an fp16 step
+
+    def __call__(self, batch: Batch) -> Any:
+        return self.run(batch)
+
+
 def make_step(
     spec: ModelSpec,
     model: torch.nn.Module,
     knobs: Knobs,
     mode: str,
     device: torch.device,
-    output_scale: float = 1.0,
+    fault: str = "",
 ) -> Step:
-    """The step for ``mode``. ``output_scale`` != 1 makes a deliberately wrong variant (tests)."""
+    """The step for ``mode``. ``fault`` (tests of the suite only): ``grad`` doubles the
+    gradients after every backward pass; ``skip-step`` skips the first optimizer step."""
     net = prepare_model(model, knobs, mode)
     autocast = _autocast_factory(knobs, device)
     if mode == "infer":
 
         def infer_step(batch: Batch) -> Any:
             with torch.no_grad(), autocast():
-                output = spec.infer(net, batch)
-            wrong = output_scale != 1.0 and isinstance(output, torch.Tensor)
-            return output * output_scale if wrong else output
+                return spec.infer(net, batch)
 
-        step: Step = infer_step
+        step = Step(infer_step)
     else:
-        step = _train_step(spec, net, model, knobs, device, autocast, output_scale)
+        step = _train_step(spec, net, model, knobs, device, autocast, fault)
+    step.one_off_calls = compiled_one_off_calls(knobs, device)
     if knobs.cudagraphs:
-        return CudaGraphStep(step)
+        graph = CudaGraphStep(step.run)
+        return Step(graph, step.optimizer, CudaGraphStep.ONE_OFF_CALLS, step.scaler)
     return step
+
+
+def compiled_one_off_calls(knobs: Knobs, device: torch.device) -> int:
+    """Calls of a compiled step whose outputs come from cudagraph trees' warm-up and recording
+    rather than a replay: 0 without CUDA graphs (compilation itself happens in the first call,
+    whose values are the compiled code's)."""
+    if knobs.compile_mode in COMPILE_MODES_WITH_CUDAGRAPHS and device.type == "cuda":
+        return CUDAGRAPH_TREES_ONE_OFF_CALLS
+    return 0
 
 
 def _train_step(
@@ -68,25 +113,39 @@ def _train_step(
     knobs: Knobs,
     device: torch.device,
     autocast: Callable[[], Any],
-    output_scale: float,
+    fault: str,
 ) -> Step:
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
     scaler = _grad_scaler() if knobs.precision(device.type) == "fp16" else None
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    calls = 0
 
     def train_step(batch: Batch) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
         optimizer.zero_grad(set_to_none=True)
         with autocast():
             loss = spec.loss(net, batch)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if fault == "grad":
+            _double_gradients(parameters)
+        if fault == "skip-step" and calls == 1:
+            return loss.detach()
         if scaler is not None:
-            scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
         else:
-            loss.backward()
             optimizer.step()
-        return loss.detach() * output_scale if output_scale != 1.0 else loss.detach()
+        return loss.detach()
 
-    return train_step
+    return Step(train_step, optimizer, scaler=scaler)
+
+
+def _double_gradients(parameters: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for parameter in parameters:
+            if parameter.grad is not None:
+                parameter.grad.mul_(2.0)
 
 
 def _autocast_factory(knobs: Knobs, device: torch.device) -> Callable[[], Any]:
@@ -117,7 +176,9 @@ class CudaGraphStep:
     batch into the captured (static) input tensors. Each call is one real step.
     """
 
-    def __init__(self, step: Step) -> None:
+    ONE_OFF_CALLS = CUDA_GRAPH_WARMUP_CALLS + 1  # side-stream warm-up calls and the capture
+
+    def __init__(self, step: Callable[[Batch], Any]) -> None:
         self._step = step
         self._calls = 0
         self._graph: Any = None

@@ -11,7 +11,20 @@ from ptspeed.record import CellSpec
 MODES = ("train", "infer")
 DEVICES = ("auto", "cpu", "cuda")
 # Injected faults for testing the suite (ptspeed.faults); oom-once is handled by the cell command.
-FAULTS = ("", "error", "oom", "hang", "crash", "numerics", "oom-once", "rank-error", "rank-crash")
+FAULTS = (
+    "",
+    "error",
+    "oom",
+    "hang",
+    "crash",
+    "numerics",
+    "grad",
+    "skip-step",
+    "late",
+    "oom-once",
+    "rank-error",
+    "rank-crash",
+)
 RANK_FAULTS = ("rank-error", "rank-crash")  # the last rank of a ddp/fsdp cell raises or dies
 MAX_STEPS = 100_000
 
@@ -28,7 +41,7 @@ def check_cell(spec: CellSpec) -> None:
         raise BadInput(f"fault: {spec.fault} needs a ddp or fsdp variant with procs >= 2")
     _in_range("measured_steps", spec.measured_steps, 1, MAX_STEPS)
     _in_range("warmup_steps", spec.warmup_steps, 1, MAX_STEPS)
-    _in_range("numerics_steps", spec.numerics_steps, 0, spec.warmup_steps)
+    _in_range("numerics_steps", spec.numerics_steps, 0, MAX_STEPS)
     _in_range("trial", spec.trial, 0, MAX_STEPS)
     _in_range("threads", spec.threads, 0, 4096)
     if not spec.timeout_s > 0:

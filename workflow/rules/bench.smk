@@ -8,6 +8,7 @@
 rule cell:
     input:
         env=env_ready_file,
+        first_trial=first_trial_record,
     output:
         record=f"{RESULTS}/records/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.json",
     log:

@@ -258,8 +258,30 @@ def cell_arguments(wildcards, threads):
         "--timeout",
         config["timeout_s"],
         *(["--oom-retry"] if config["oom_retry"] else []),
+        *compiler_cache_arguments(wildcards),
     ]
     return " ".join(shlex.quote(str(a)) for a in arguments)
+
+
+def compiles(wildcards):
+    return parse_knobs(config["variants"][wildcards.variant]).compile_mode is not None
+
+
+def compiler_cache_arguments(wildcards):
+    """A compiled cell's own compiler cache, shared by its trials: trial 0 empties it and
+    compiles cold, the later trials (which wait for it) compile warm."""
+    if not compiles(wildcards):
+        return []
+    cell = "/".join(wildcards[key] for key in ("env", "model", "variant", "mode", "size"))
+    cold = ["--cold-compiler-cache"] if int(wildcards.trial) == 0 else []
+    return ["--compiler-cache", f"{RESULTS}/cache/compiler/{cell}", *cold]
+
+
+def first_trial_record(wildcards):
+    """A compiled cell's later trials wait for trial 0, so that they find its compiler cache."""
+    if not compiles(wildcards) or int(wildcards.trial) == 0:
+        return []
+    return rules.cell.output.record.format(**{**dict(wildcards.items()), "trial": 0})
 
 
 def cell_settings(wildcards):

@@ -39,6 +39,8 @@ class ModelSpec:
     # True when inference outputs have data-dependent shapes (detections), so they are not
     # compared element-wise with the reference.
     ragged_output: bool = False
+    # Class names of the model's repeated blocks: FSDP wraps each as its own unit.
+    blocks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ SPECS = {
         make_batch=_mlp_batch,
         loss=lambda model, batch: functional.cross_entropy(model(batch["x"]), batch["y"]),
         infer=lambda model, batch: model(batch["x"]),
+        blocks=("Linear",),
     ),
     "lstm-lm": ModelSpec(
         name="lstm-lm",
@@ -72,5 +73,6 @@ SPECS = {
         make_batch=_lstm_batch,
         loss=_lstm_loss,
         infer=lambda model, batch: model(batch["tokens"]),
+        blocks=("Embedding", "LSTM", "Linear"),
     ),
 }

@@ -76,6 +76,7 @@ SPECS = {
         make_batch=_masked_lm_batch,
         loss=lambda model, batch: model(input_ids=batch["input_ids"], labels=batch["labels"]).loss,
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
+        blocks=("BertLayer",),
     ),
     "gpt2": ModelSpec(
         name="gpt2",
@@ -86,5 +87,6 @@ SPECS = {
             model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
         ),
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
+        blocks=("GPT2Block",),
     ),
 }

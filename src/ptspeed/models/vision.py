@@ -84,6 +84,7 @@ SPECS = {
         loss=lambda model, batch: functional.cross_entropy(model(batch["images"]), batch["labels"]),
         infer=lambda model, batch: model(batch["images"]),
         image_model=True,
+        blocks=("Bottleneck",),
     ),
     "mask-rcnn": ModelSpec(
         name="mask-rcnn",
@@ -94,5 +95,6 @@ SPECS = {
         infer=_mask_rcnn_infer,
         image_model=True,
         ragged_output=True,
+        blocks=("Bottleneck",),
     ),
 }

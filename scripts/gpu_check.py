@@ -1,0 +1,230 @@
+"""Run every CUDA path of the harness once, at small sizes, in each environment present.
+
+    PYTHONPATH=src python3 scripts/gpu_check.py                 # on a GPU machine
+    PYTHONPATH=src python3 scripts/gpu_check.py --device cpu    # its CPU half (CI)
+
+Each path is one real cell (``python -m ptspeed cell``, its own process under the watchdog)
+in the host interpreter and in every venv of the default config already built in its
+environment cache; nothing is built or downloaded. A path's expected status is ``ok`` unless
+the cell's own rules say the torch version or the device cannot run it (``unsupported``), or
+the path is meant to fail (a real out-of-memory, an injected wrong gradient). Writes one JSON
+summary, prints a table, and exits 1 when any path ended otherwise than expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from ptspeed.envbuild import lock_hash, venv_python  # noqa: E402
+from ptspeed.knobs import parse_knobs, unsupported_reason  # noqa: E402
+from ptspeed.models import REGISTRY  # noqa: E402
+from ptspeed.record import read_record  # noqa: E402
+
+CONFIG = ROOT / "config" / "config.yaml"
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+MISMATCH = "numerics_mismatch"
+STEPS = ("--warmup", "3", "--steps", "5", "--numerics-steps", "2")
+
+
+@dataclass(frozen=True)
+class CheckedPath:
+    """One path to check: a model, a knob string, a size, and what it should end as."""
+
+    name: str
+    model: str
+    knobs: str
+    batch_size: int = 16
+    image_size: int = 64
+    fault: str = ""
+    expect: str = "ok"  # what it ends as where the torch version and device can run it
+    devices: tuple[str, ...] = ("cuda", "cpu")
+
+
+PATHS = (
+    CheckedPath("eager", "mlp", "eager"),
+    CheckedPath("compile", "mlp", "compile"),
+    CheckedPath("compile reduce-overhead", "mlp", "compile=reduce-overhead"),
+    CheckedPath("amp fp16", "mlp", "amp=fp16"),
+    CheckedPath("amp bf16", "mlp", "amp=bf16"),
+    CheckedPath("channels_last", "resnet50", "channels_last", batch_size=4),
+    CheckedPath("cudagraphs", "mlp", "cudagraphs"),
+    CheckedPath("memfrac", "mlp", "memfrac=0.5"),
+    CheckedPath("loader", "mlp", "loader=2"),
+    CheckedPath("pin + loader", "mlp", "loader=2+pin"),
+    CheckedPath("tf32 on", "resnet50", "tf32=on", batch_size=4),
+    CheckedPath("cudnn_benchmark", "resnet50", "cudnn_benchmark", batch_size=4),
+    CheckedPath("ddp, 1 process", "mlp", "ddp+procs=1"),
+    CheckedPath("fsdp, 1 process", "resnet50", "fsdp+procs=1", batch_size=4),
+    CheckedPath(
+        "gate: wrong gradients", "mlp", "loader=0", fault="grad", expect="numerics_mismatch"
+    ),
+    CheckedPath(
+        "gate: skipped step", "mlp", "amp=bf16", fault="skip-step", expect="numerics_mismatch"
+    ),
+    CheckedPath(
+        "out of memory",
+        "resnet50",
+        "eager",
+        batch_size=8192,
+        image_size=224,
+        expect="oom",
+        devices=("cuda",),
+    ),
+)
+
+
+@dataclass
+class Outcome:
+    env: str
+    torch: str
+    path: str
+    knobs: str
+    expected: str
+    status: str
+    reason: str
+    seconds: float
+    throughput: float | None
+    numerics: str
+
+    @property
+    def as_expected(self) -> bool:
+        return self.status == self.expected
+
+
+def interpreters(config: dict) -> dict[str, str]:
+    """The host interpreter, and the python of every venv environment of the default config
+    already built in its environment cache."""
+    found = {"host": sys.executable}
+    default_cache = yaml.safe_load(SCHEMA.read_text())["properties"]["env_cache"]["default"]
+    env_cache = Path(config.get("env_cache", default_cache)).expanduser()
+    for name, env in config["environments"].items():
+        if env.get("kind", "venv") != "venv":
+            continue
+        python = venv_python(env_cache / f"{name}-{lock_hash(ROOT / env['requirements'])}")
+        if python.exists():
+            found[name] = str(python)
+    return found
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def torch_version(python: str) -> tuple[str, tuple[int, int], tuple[int, int]]:
+    probe = "import sys, torch; print(torch.__version__, *sys.version_info[:2])"
+    version, major, minor = subprocess.run(
+        [python, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    numbers = tuple(int("".join(c for c in part if c.isdigit())) for part in version.split(".")[:2])
+    return version, numbers, (int(major), int(minor))  # type: ignore[return-value]
+
+
+def expected_status(
+    path: CheckedPath, device: str, torch: tuple[int, int], py: tuple[int, int]
+) -> str:
+    knobs = parse_knobs(path.knobs)
+    image_model = "image_size" in REGISTRY[path.model].uses
+    return (
+        "unsupported" if unsupported_reason(knobs, device, torch, py, image_model) else path.expect
+    )
+
+
+def run_path(
+    env: str, python: str, path: CheckedPath, device: str, out_dir: Path, timeout_s: float
+) -> tuple[str, str, float, float | None, str]:
+    record_path = out_dir / env / f"{slug(path.name)}.json"
+    command = [
+        python, "-m", "ptspeed", "cell", "--env", env, "--model", path.model, "--variant",
+        slug(path.name), "--knobs", path.knobs, "--batch-size", str(path.batch_size),
+        "--image-size", str(path.image_size), "--seq-len", "32", "--device", device,
+        "--timeout", str(timeout_s), *STEPS, "--out", str(record_path),
+        "--compiler-cache", str(out_dir / "compiler" / env / slug(path.name)),
+        "--cold-compiler-cache",
+        *(["--fault", path.fault] if path.fault else []),
+    ]  # fmt: skip
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    started = time.monotonic()
+    subprocess.run(command, env=environment, cwd=ROOT, timeout=timeout_s + 120, check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    seconds = time.monotonic() - started
+    if not record_path.exists():
+        return "no record", "the cell wrote no record", seconds, None, ""
+    record = read_record(record_path)
+    check = record.numerics
+    verdict = (
+        f"{'pass' if check.passed else 'FAIL'} {check.worst_quantity} "
+        f"{check.max_relative_error:.2g}/{check.allowed_error:.2g}"
+        if check.checked and check.max_relative_error is not None
+        else ("not checked" if not check.checked else "non-finite")
+    )
+    return record.status, record.reason, seconds, record.metrics.throughput_samples_per_s, verdict
+
+
+def print_table(outcomes: list[Outcome]) -> None:
+    header = (
+        f"{'env':<11} {'torch':<13} {'path':<26} {'status':<18} {'expected':<18} {'s':>5}  numerics"
+    )
+    print(header)
+    print("-" * len(header))
+    for o in outcomes:
+        mark = "" if o.as_expected else "   <-- unexpected"
+        print(
+            f"{o.env:<11} {o.torch:<13} {o.path:<26} {o.status:<18} {o.expected:<18} "
+            f"{o.seconds:5.0f}  {o.numerics}{mark}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--config", type=Path, default=CONFIG, help="whose environments to use")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-check")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
+    parser.add_argument("--envs", default="", help="comma-separated subset of environments")
+    args = parser.parse_args(argv)
+    found = interpreters(yaml.safe_load(args.config.read_text()))
+    wanted = [name for name in args.envs.split(",") if name] or list(found)
+    outcomes = []
+    for env in wanted:
+        if env not in found:
+            print(f"error: envs: {env!r} is not built (present: {', '.join(found)})")
+            return 2
+        version, torch, python = torch_version(found[env])
+        for path in PATHS:
+            if args.device not in path.devices:
+                continue
+            expected = expected_status(path, args.device, torch, python)
+            status, reason, seconds, throughput, verdict = run_path(
+                env, found[env], path, args.device, args.out, args.timeout
+            )
+            outcomes.append(Outcome(env, version, path.name, path.knobs, expected, status,
+                                    reason, seconds, throughput, verdict))  # fmt: skip
+            print(f"{env} {path.name}: {status} ({seconds:.0f} s)", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = {"device": args.device, "outcomes": [asdict(o) for o in outcomes]}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print()
+    print_table(outcomes)
+    unexpected = [o for o in outcomes if not o.as_expected]
+    for o in unexpected:
+        print(f"unexpected: {o.env} {o.path}: {o.status} ({o.reason[:300]})")
+    print(f"\n{len(outcomes) - len(unexpected)} of {len(outcomes)} paths as expected; "
+          f"summary: {args.out / 'summary.json'}")  # fmt: skip
+    return 1 if unexpected else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
