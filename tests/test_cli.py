@@ -99,7 +99,7 @@ BAD_INPUT = [
     (["--batch-size=-4"], "batch_size: -4 must be from 1 to 65536"),
     (["--model", "resnet50", "--image-size", "16"], "image_size: 16 is outside 32..2048"),
     (["--model", "bert-base", "--seq-len", "4"], "seq_len: 4 is outside 8..512 for bert-base"),
-    (["--warmup", "1", "--numerics-steps", "2"], "numerics_steps: 2 must be from 0 to 1"),
+    (["--numerics-steps", "-1"], "numerics_steps: -1 must be from 0 to 100000"),
     (["--mode", "fit"], "mode: 'fit' is not one of train, infer"),
     (["--device", "tpu"], "device: 'tpu' is not one of auto, cpu, cuda or cuda:N"),
     (["--device", "0"], "device: '0' is not one of auto, cpu, cuda or cuda:N"),

@@ -314,6 +314,10 @@ def test_a_single_rank_measures_and_matches_eager(knobs: str, single_rank_group:
     assert record.numerics.passed and errors["loss"] < 1e-6 and errors["update"] < 1e-3
     # FSDP shards the gradients: its update, gathered whole, is what shows a wrong reduction.
     assert ("gradients" in errors) == knobs.startswith("ddp")
+    if knobs.startswith("fsdp"):  # each block its own unit: the two Linear layers and the root
+        assert (
+            metrics.fsdp_wrap_policy == "transformer_auto_wrap_policy per block: Linear (3 units)"
+        )
 
 
 def test_a_wrong_distributed_step_fails_the_numerics_gate(single_rank_group: None) -> None:

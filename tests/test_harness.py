@@ -178,7 +178,7 @@ def test_a_correct_variant_passes_the_numerics_gate(knobs: str, precision: str, 
     assert check.checked and check.passed is True
     assert check.reference == "fp64"
     assert check.precision == precision
-    assert check.compared == ("loss" if mode == "train" else "output")
+    assert check.compared == ("loss, gradients, update" if mode == "train" else "output")
     assert len(check.variant_values) == len(check.fp64_values) == 2
     assert check.max_relative_error <= check.allowed_error
 

@@ -29,10 +29,10 @@ import torch
 from ptspeed import numerics
 from ptspeed.knobs import Knobs, parse_knobs, unsupported_reason
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
-from ptspeed.provenance import collect, collect_base, python_version
+from ptspeed.provenance import collect, collect_base, note_backend_settings, python_version
 from ptspeed.record import CellSpec, Metrics, Record, utc_now
 from ptspeed.reference import CheckCapture, Snapshot, check_numerics, host_copy
-from ptspeed.steps import batch_supplier, build_model, make_step, release_memory
+from ptspeed.steps import batch_supplier, build_model, make_step, release_memory, to_device
 from ptspeed.timing import CpuTimer, make_timer, timed_loop
 
 WRONG_OUTPUT_SCALE = 1.1
@@ -120,6 +120,7 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     threads = placement.threads(spec.threads)
     if threads:
         torch.set_num_threads(threads)
+    record.provenance = collect(torch, device)
     knobs = parse_knobs(spec.knobs)
     model_spec = get_model(spec.model)
     reason = unsupported_reason(
@@ -128,7 +129,7 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     if reason:
         raise Unsupported(reason)
     apply_backend_settings(knobs, device)
-    record.provenance = collect(torch, device)  # after the settings: what the cell ran with
+    note_backend_settings(record.provenance, torch, device)  # what the cell ran with
     cache = use_compiler_cache(spec, knobs)
     sizes = Sizes(spec.batch_size, spec.image_size, spec.seq_len)
     host_batch = model_spec.make_batch(sizes, torch.Generator().manual_seed(spec.seed))
@@ -139,12 +140,12 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     record.metrics.compiler_cache = cache
     del model
     release_memory(device)
-    flops = count_flops_per_sample(model_spec, sizes, host_batch, spec.mode)
+    if not placement.reports:
+        return
+    flops = count_flops_per_sample(model_spec, sizes, host_batch, spec.mode, device)
     if flops is not None and run.metrics.throughput_samples_per_s:
         record.metrics.flops_per_sample = flops
         record.metrics.achieved_flops_per_s = flops * run.metrics.throughput_samples_per_s
-    if not placement.reports:
-        return
     record.numerics = _guarded_numerics(spec, model_spec, knobs, host_batch, run, device)
     if record.numerics.passed is False:
         record.status = "numerics_mismatch"
@@ -393,21 +394,20 @@ def cell_precision(knobs: Knobs, device: torch.device) -> str:
 
 
 def count_flops_per_sample(
-    model_spec: ModelSpec, sizes: Sizes, host_batch: Batch, mode: str
+    model_spec: ModelSpec, sizes: Sizes, host_batch: Batch, mode: str, device: torch.device
 ) -> float | None:
     """FLOPs of one eager fp32 step per sample, where this torch can count them (>= 2.1).
 
-    Counted on a copy of the model on the meta device, after the measured window: no
-    arithmetic, no memory, and nothing run on the device before the first timed step."""
+    Counted on a fresh eager model after the measured window, so that nothing runs on the
+    device before the first timed step in one torch version and not in another."""
     try:
         from torch.utils.flop_counter import FlopCounterMode
     except ImportError:
         return None
+    model = build_model(model_spec, sizes, 0, device)
+    model.train(mode == "train")
+    batch = to_device(host_batch, device, channels_last=False)
     try:
-        with torch.device("meta"):
-            model = model_spec.build(sizes)
-        batch = {name: tensor.to("meta") for name, tensor in host_batch.items()}
-        model.train(mode == "train")
         with FlopCounterMode(display=False) as counter:
             if mode == "train":
                 model_spec.loss(model, batch).backward()
@@ -416,6 +416,9 @@ def count_flops_per_sample(
                     model_spec.infer(model, batch)
     except Exception:
         return None
+    finally:
+        del model, batch
+        release_memory(device)
     return counter.get_total_flops() / sizes.batch_size
 
 

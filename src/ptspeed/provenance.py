@@ -62,7 +62,6 @@ def collect(torch: Any, device: Any) -> Provenance:
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     provenance.cudnn = str(cudnn) if cudnn else ""
     provenance.torch_threads = torch.get_num_threads()
-    provenance.float32_matmul_precision = _float32_matmul_precision(torch)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         provenance.device_index = index
@@ -70,12 +69,19 @@ def collect(torch: Any, device: Any) -> Provenance:
         provenance.gpu_driver = _nvidia_driver()
         provenance.gpu_state = _gpu_state(index)
         provenance.nccl = _nccl_version(torch)
+    else:
+        provenance.device_name = provenance.cpu_model
+    note_backend_settings(provenance, torch, device)
+    return provenance
+
+
+def note_backend_settings(provenance: Provenance, torch: Any, device: Any) -> None:
+    """The process-wide switches in force: TF32, cuDNN autotuning (CUDA), matmul precision."""
+    provenance.float32_matmul_precision = _float32_matmul_precision(torch)
+    if device.type == "cuda":
         provenance.tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32)
         provenance.tf32_cudnn = bool(torch.backends.cudnn.allow_tf32)
         provenance.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
-    else:
-        provenance.device_name = provenance.cpu_model
-    return provenance
 
 
 def _float32_matmul_precision(torch: Any) -> str:
