@@ -16,16 +16,17 @@ Compared, as relative errors (``||v - r|| / ||r||`` over all tensors together):
 * infer: the output, as a fixed strided sample of its elements (bounded memory however large
   the logits).
 
-The reference is an eager fp64 step where one can run, as in PyTorch's own compile
-benchmarks; eager fp32 (TF32 off) measures what fp32 itself is allowed. For each quantity the
-variant passes when its error is at most the largest of: the tolerance of its precision;
-5 x eager fp32's own error against fp64 for that quantity (ill-conditioned steps); 3 x the
-difference between two eager fp32 steps whose random ops are seeded differently, only for
+The reference is an eager fp64 step where one can run; as in PyTorch's own compile benchmarks,
+an eager step at the variant's precision (fp32 with TF32 off, TF32, or fp16/bf16 autocast)
+measures how far that precision itself is from fp64. For each quantity the variant passes
+when its error is at most the largest of: the tolerance of its precision; 5 x eager's own
+error at that precision against fp64 (ill-conditioned steps, low-precision gradients); 3 x
+the difference between two eager steps whose random ops are seeded differently, only for
 variants that draw their own random numbers (compiled graphs, CUDA graphs: their dropout
 masks cannot match eager's). Tolerances: fp32 0.5 % (reassociation, compilers' approximations
 of transcendental functions), TF32 1 % (10-bit mantissa in matmuls and convolutions), fp16
 2 %, bf16 5 % (11 and 8 significant bits). Without an fp64 step the variant is compared with
-eager fp32. A non-finite value is an infinite error.
+the eager step at its precision. A non-finite value is an infinite error.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 from ptspeed.record import NumericsCheck
 
 TOLERANCES = {"fp32": 5e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 5e-2}
-FP32_ERROR_MULTIPLIER = 5.0
+EAGER_ERROR_MULTIPLIER = 5.0
 RESEEDED_ERROR_MULTIPLIER = 3.0
 TINY = 1e-12
 TRAIN_QUANTITIES = ("loss", "gradients", "update")
@@ -118,36 +119,35 @@ def compared_quantities(mode: str, values: StepValues) -> tuple[str, ...]:
 @dataclass
 class StepErrors:
     """One check step's relative errors by quantity: the variant's against the reference
-    (fp64, else fp32), eager fp32's against fp64 ({} without fp64), and the difference of eager
-    fp32 steps seeded differently ({} unless the variant draws its own random numbers)."""
+    (fp64, else eager at its precision), eager's against fp64 ({} without fp64), and the
+    difference of eager steps seeded differently ({} unless the variant draws its own random
+    numbers)."""
 
     variant: dict[str, float]
-    eager_fp32: dict[str, float]
+    eager: dict[str, float]
     reseeded: dict[str, float]
-    values: tuple[float | None, float | None, float | None]  # variant, fp32, fp64 summaries
+    values: tuple[float | None, float | None, float | None]  # variant, eager, fp64 summaries
 
 
 def step_errors(
     mode: str,
     variant: StepValues,
-    fp32: StepValues,
+    eager: StepValues,
     fp64: StepValues | None,
     reseeded: StepValues | None = None,
 ) -> StepErrors:
     """Compare one check step's values with the eager steps from the same snapshot."""
-    reference = fp64 or fp32
+    reference = fp64 or eager
     quantities = compared_quantities(mode, variant)
     return StepErrors(
         variant={q: relative_error(variant.quantity(q), reference.quantity(q)) for q in quantities},
-        eager_fp32={
-            q: relative_error(fp32.quantity(q), fp64.quantity(q)) for q in quantities if fp64
-        },
+        eager={q: relative_error(eager.quantity(q), fp64.quantity(q)) for q in quantities if fp64},
         reseeded={
-            q: relative_error(reseeded.quantity(q), fp32.quantity(q))
+            q: relative_error(reseeded.quantity(q), eager.quantity(q))
             for q in quantities
             if reseeded
         },
-        values=(_summary(variant, mode), _summary(fp32, mode), fp64 and _summary(fp64, mode)),
+        values=(_summary(variant, mode), _summary(eager, mode), fp64 and _summary(fp64, mode)),
     )
 
 
@@ -155,12 +155,12 @@ def judge(steps: list[StepErrors], precision: str, with_fp64: bool) -> NumericsC
     """The verdict over all check steps: each quantity's worst error against its bound."""
     tolerance = TOLERANCES[precision]
     errors = _worst_by_quantity(step.variant for step in steps)
-    fp32_errors = _worst_by_quantity(step.eager_fp32 for step in steps)
+    eager_errors = _worst_by_quantity(step.eager for step in steps)
     reseeded_errors = _worst_by_quantity(step.reseeded for step in steps)
     allowed = {
         q: max(
             tolerance,
-            FP32_ERROR_MULTIPLIER * fp32_errors.get(q, 0.0),
+            EAGER_ERROR_MULTIPLIER * eager_errors.get(q, 0.0),
             RESEEDED_ERROR_MULTIPLIER * reseeded_errors.get(q, 0.0),
         )
         for q in errors
@@ -170,13 +170,13 @@ def judge(steps: list[StepErrors], precision: str, with_fp64: bool) -> NumericsC
         checked=True,
         compared=", ".join(errors),
         precision=precision,
-        reference="fp64" if with_fp64 else "fp32",
+        reference="fp64" if with_fp64 else f"eager {precision}",
         tolerance=tolerance,
         check_steps=len(steps),
         worst_quantity=worst,
         errors=_finite_map(errors),
         allowed_errors=_finite_map(allowed),
-        eager_fp32_error=_finite(fp32_errors[worst]) if worst in fp32_errors else None,
+        eager_error=_finite(eager_errors[worst]) if worst in eager_errors else None,
         eager_reseeded_error=_finite(reseeded_errors.get(worst, 0.0)),
         allowed_error=_finite(allowed[worst]),
         max_relative_error=_finite(errors[worst]),

@@ -152,18 +152,22 @@ class NumericsCheck:
     """The variant's check steps compared with eager steps from the same snapshot.
 
     Check steps are the first numerics_steps steps after the knob's one-off work; before each,
-    the model, optimizer and random state are copied, and eager fp64 and fp32 run one step from
-    that copy (see ptspeed.numerics). Compared: the loss, gradients and update (train) or the
-    output (infer). Each quantity passes within allowed_errors[q] = max(tolerance,
-    5 x eager fp32's error, 3 x eager reseeded difference for variants with their own random
-    numbers). The scalar fields describe the worst quantity (largest error / allowed).
+    the model, optimizer and random state are copied, and eager fp64 and eager at the variant's
+    precision run one step from that copy (see ptspeed.numerics). Compared: the loss, gradients
+    and update (train) or the output (infer). Each quantity passes within allowed_errors[q] =
+    max(tolerance, 5 x eager's error at the variant's precision, 3 x eager reseeded difference
+    for variants with their own random numbers). The scalar fields describe the worst quantity
+    (largest error / allowed).
     """
 
     checked: bool = _doc("Whether a comparison was made.", False)
     reason: str = _doc("Why not, when checked is false (or what could not be compared).", "")
     compared: str = _doc("The quantities compared, e.g. 'loss, gradients, update' or 'output'.", "")
     precision: str = _doc("Precision of the variant: fp32, tf32, bf16 or fp16.", "")
-    reference: str = _doc("'fp64' or 'fp32': the eager step the errors are measured against.", "")
+    reference: str = _doc(
+        "'fp64', else 'eager <precision>': the step the errors are measured against.",
+        "",
+    )
     tolerance: Optional[float] = _doc("Relative error accepted for this precision.", None)
     check_steps: int = _doc("Steps checked (each from its own snapshot).", 0)
     first_check_step: Optional[int] = _doc(
@@ -174,11 +178,11 @@ class NumericsCheck:
         "Largest relative error of each quantity over the check steps (null: non-finite).", {}
     )
     allowed_errors: dict[str, Optional[float]] = _doc("The bound of each quantity.", {})
-    eager_fp32_error: Optional[float] = _doc(
-        "Eager fp32's error against fp64 for the worst quantity.", None
+    eager_error: Optional[float] = _doc(
+        "Eager's error at the variant's precision against fp64, for the worst quantity.", None
     )
     eager_reseeded_error: Optional[float] = _doc(
-        "Difference of eager fp32 steps with random ops seeded differently, worst quantity "
+        "Difference of eager steps with random ops seeded differently, worst quantity "
         "(0 for variants that draw eager's random numbers).",
         None,
     )
@@ -189,7 +193,9 @@ class NumericsCheck:
         "null: non-finite.",
         [],
     )
-    reference_values: list[Optional[float]] = _doc("Eager fp32's, likewise.", [])
+    reference_values: list[Optional[float]] = _doc(
+        "Eager's at the variant's precision, likewise.", []
+    )
     fp64_values: list[Optional[float]] = _doc("Eager fp64's, likewise ([] when not run).", [])
     passed: Optional[bool] = _doc("Every quantity within its bound.", None)
 

@@ -3,9 +3,10 @@
 Before each check step, :class:`CheckCapture` copies the model's state, the optimizer's
 momentum, the GradScaler's scale and the random number generators to the host (a
 :class:`Snapshot`); after it, the loss or a sample of the output, the gradients and the update.
-:func:`check_numerics` then loads every snapshot into eager fp64 and fp32 models and runs one
-step from it, so the comparison never carries the drift of earlier steps (see
-:mod:`ptspeed.numerics`). Reference models run after the variant's model is freed, TF32 off.
+:func:`check_numerics` then loads every snapshot into an eager fp64 model and an eager model at
+the variant's precision (fp32 with TF32 off, TF32, or fp16/bf16 autocast) and runs one step
+from it, so the comparison never carries the drift of earlier steps (see
+:mod:`ptspeed.numerics`). Reference models run after the variant's model is freed.
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class ReferenceModel:
     mode: str
     device: torch.device
 
+    tf32: bool = False  # whether TF32 stays as the cell set it (a TF32 variant's precision)
+
     @classmethod
     def build(
         cls,
@@ -136,26 +139,31 @@ class ReferenceModel:
         host_batch: Batch,
         device: torch.device,
         dtype: torch.dtype,
+        precision: str = "fp32",
     ) -> ReferenceModel:
+        """Eager in ``dtype``; with a ``precision`` of fp16/bf16, eager autocast (fp16 with the
+        loss scale of each snapshot), with tf32, eager with the cell's TF32 settings."""
         sizes = Sizes(spec.batch_size, spec.image_size, spec.seq_len)
         model = build_model(model_spec, sizes, spec.seed, device).to(dtype)
-        step = make_step(model_spec, model, Knobs(), spec.mode, device)
+        autocast = Knobs(amp=precision if precision in ("fp16", "bf16") else None)
+        step = make_step(model_spec, model, autocast, spec.mode, device, static_loss_scale=True)
         batch = {
             name: tensor.to(dtype) if tensor.is_floating_point() else tensor
             for name, tensor in to_device(host_batch, device, channels_last=False).items()
         }
-        return cls(model, step, batch, spec.mode, device)
+        return cls(model, step, batch, spec.mode, device, tf32=precision == "tf32")
 
     def step_from(self, snapshot: Snapshot, seed: int | None = None) -> numerics.StepValues:
         """One eager step from ``snapshot``; random ops from its generators, or from ``seed``."""
         self.model.load_state_dict(snapshot.state)
         if self.step.optimizer is not None:
             _restore_momentum(self.step.optimizer, snapshot.momentum)
+        self.step.loss_scale = snapshot.scale or 1.0
         if seed is None:
             _restore_rng(snapshot.rng, self.device)
         else:
             torch.manual_seed(seed)
-        with strict_fp32():
+        with contextlib.nullcontext() if self.tf32 else strict_fp32():
             output = self.step(self.batch)
         if self.mode == "infer":
             return numerics.StepValues(output=output_sample(output))
@@ -206,27 +214,28 @@ def check_numerics(
     device: torch.device,
     precision: str,
 ) -> NumericsCheck:
-    """Run the eager references from every check step's snapshot and judge the variant."""
+    """Run the eager references from every check step's snapshot and judge the variant:
+    against fp64, within what eager at the variant's precision is off fp64 itself."""
     restorable = [(s, v) for s, v in checks if s.restorable]
     if not restorable:
         return numerics.not_checked("no check step could be restored in an eager model")
     snapshots = [snapshot for snapshot, _ in restorable]
     fp64, fp64_missing = _fp64_steps(spec, model_spec, host_batch, device, snapshots)
     own_random = knobs.compile_mode is not None or knobs.cudagraphs
-    fp32 = ReferenceModel.build(spec, model_spec, host_batch, device, torch.float32)
+    eager = ReferenceModel.build(spec, model_spec, host_batch, device, torch.float32, precision)
     try:
         steps = [
             numerics.step_errors(
                 spec.mode,
                 values,
-                fp32.step_from(snapshot),
+                eager.step_from(snapshot),
                 fp64[index] if fp64 else None,
-                fp32.step_from(snapshot, spec.seed + 1 + index) if own_random else None,
+                eager.step_from(snapshot, spec.seed + 1 + index) if own_random else None,
             )
             for index, (snapshot, values) in enumerate(restorable)
         ]
     finally:
-        del fp32
+        del eager
         release_memory(device)
     check = numerics.judge(steps, precision, with_fp64=bool(fp64))
     skipped = len(checks) - len(restorable)

@@ -64,6 +64,8 @@ class Step:
     optimizer: torch.optim.Optimizer | None = None
     one_off_calls: int = 0
     scaler: Any = None  # the GradScaler of an fp16 step
+    # A fixed loss scale instead of GradScaler's (the numerics references set it per step).
+    loss_scale: float = 1.0
 
     def __call__(self, batch: Batch) -> Any:
         return self.run(batch)
@@ -76,9 +78,11 @@ def make_step(
     mode: str,
     device: torch.device,
     fault: str = "",
+    static_loss_scale: bool = False,
 ) -> Step:
     """The step for ``mode``. ``fault`` (tests of the suite only): ``grad`` doubles the
-    gradients after every backward pass; ``skip-step`` skips the first optimizer step."""
+    gradients after every backward pass; ``skip-step`` skips the first optimizer step.
+    ``static_loss_scale``: fp16 scales the loss by ``Step.loss_scale`` instead of a GradScaler."""
     net = prepare_model(model, knobs, mode)
     autocast = _autocast_factory(knobs, device)
     if mode == "infer":
@@ -89,7 +93,7 @@ def make_step(
 
         step = Step(infer_step)
     else:
-        step = _train_step(spec, net, model, knobs, device, autocast, fault)
+        step = _train_step(spec, net, model, knobs, device, autocast, fault, static_loss_scale)
     step.one_off_calls = compiled_one_off_calls(knobs, device)
     if knobs.cudagraphs:
         graph = CudaGraphStep(step.run)
@@ -114,9 +118,11 @@ def _train_step(
     device: torch.device,
     autocast: Callable[[], Any],
     fault: str,
+    static_loss_scale: bool,
 ) -> Step:
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
-    scaler = _grad_scaler() if knobs.precision(device.type) == "fp16" else None
+    fp16 = knobs.precision(device.type) == "fp16"
+    scaler = _grad_scaler() if fp16 and not static_loss_scale else None
     parameters = [p for p in model.parameters() if p.requires_grad]
     calls = 0
 
@@ -126,9 +132,15 @@ def _train_step(
         optimizer.zero_grad(set_to_none=True)
         with autocast():
             loss = spec.loss(net, batch)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        elif step.loss_scale != 1.0:
+            (loss * step.loss_scale).backward()
+            _scale_gradients(parameters, 1.0 / step.loss_scale)
+        else:
+            loss.backward()
         if fault == "grad":
-            _double_gradients(parameters)
+            _scale_gradients(parameters, 2.0)
         if fault == "skip-step" and calls == 1:
             return loss.detach()
         if scaler is not None:
@@ -138,14 +150,15 @@ def _train_step(
             optimizer.step()
         return loss.detach()
 
-    return Step(train_step, optimizer, scaler=scaler)
+    step = Step(train_step, optimizer, scaler=scaler)
+    return step
 
 
-def _double_gradients(parameters: list[torch.Tensor]) -> None:
+def _scale_gradients(parameters: list[torch.Tensor], factor: float) -> None:
     with torch.no_grad():
         for parameter in parameters:
             if parameter.grad is not None:
-                parameter.grad.mul_(2.0)
+                parameter.grad.mul_(factor)
 
 
 def _autocast_factory(knobs: Knobs, device: torch.device) -> Callable[[], Any]:
