@@ -71,9 +71,11 @@ def test_a_step_that_still_compiles_extends_the_warmup(monkeypatch: pytest.Monke
 
 # --- the gate sees the backward pass and the optimizer ------------------------------------
 
+# ResNet-50 at 64 pixels: at 32 its last batch norm normalises 2 values per channel, where
+# fp32's own gradient error against fp64 passes 20 % and a skipped step hides inside 5 x it.
 GATE_CELLS = [
     ("mlp", "loader=0", {}),
-    ("resnet50", "channels_last", {"image_size": 32}),
+    ("resnet50", "channels_last", {"image_size": 64, "batch_size": 2}),
     ("bert-base", "loader=0", {"seq_len": 8}),
 ]
 
@@ -84,11 +86,11 @@ GATE_CELLS = [
 def test_a_wrong_backward_or_optimizer_step_is_caught(
     model: str, knobs: str, sizes: dict[str, int], fault: str
 ) -> None:
-    spec = tiny_cell(model, knobs, warmup_steps=2, numerics_steps=2, fault=fault, **sizes)
+    spec = tiny_cell(model, knobs, measured_steps=1, fault=fault, **sizes)
     record = run_cell(spec)
     assert record.status == "numerics_mismatch", record.reason
     check = record.numerics
-    assert check.max_relative_error > 10 * check.allowed_error
+    assert check.max_relative_error > 2 * check.allowed_error
 
 
 @pytest.mark.slow
@@ -97,7 +99,7 @@ def test_a_wrong_backward_or_optimizer_step_is_caught(
 def test_fault_free_cells_pass_the_gate(
     model: str, knobs: str, sizes: dict[str, int], seed: int
 ) -> None:
-    spec = tiny_cell(model, knobs, warmup_steps=2, numerics_steps=2, seed=seed, **sizes)
+    spec = tiny_cell(model, knobs, measured_steps=1, seed=seed, **sizes)
     record = run_cell(spec)
     assert record.status == "ok", record.reason
     assert record.numerics.compared == "loss, gradients, update"
