@@ -41,6 +41,7 @@ MAX_EXTRA_WARMUP_STEPS = 10
 # Check steps GradScaler may skip (fp16 overflow while it finds its scale) before giving up.
 MAX_SCALER_SKIPS = 8
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+OUTPUT_FAULTS = ("numerics", "late")  # faults that change a step's returned value
 KIB = 1024
 TRACEBACK_LINES_KEPT = 25
 
@@ -216,11 +217,14 @@ def _measure_variant(
     placement.barrier()
     warmup = _warm_up(plan, run_step, capture, timer, fault)
     placement.barrier()
-    first_measured = warmup.steps_run
-    counter = iter(range(first_measured, first_measured + spec.measured_steps))
-    timing, last_output = timed_loop(
-        make_timer(torch, device), lambda: run_step(next(counter)), spec.measured_steps
-    )
+    indices = iter(range(warmup.steps_run, warmup.steps_run + spec.measured_steps))
+
+    def measured_step() -> Any:
+        if fault in OUTPUT_FAULTS:
+            return run_step(next(indices))
+        return step(next_batch())  # nothing else on the timed path of a real cell
+
+    timing, last_output = timed_loop(make_timer(torch, device), measured_step, spec.measured_steps)
     memory_bytes, memory_kind = _peak_memory(device)
     metrics = Metrics(
         throughput_samples_per_s=timing.throughput(spec.batch_size),
@@ -336,7 +340,7 @@ def _loss_of(output: Any) -> float | None:
 def faulty_output(output: Any, fault: str, index: int, checked_until: int) -> Any:
     """The step's output, made wrong by the ``numerics`` fault (every step) or the ``late``
     fault (every step after the check steps): tests of the suite only."""
-    wrong = fault == "numerics" or (fault == "late" and index >= checked_until)
+    wrong = fault == OUTPUT_FAULTS[0] or (fault == OUTPUT_FAULTS[1] and index >= checked_until)
     if wrong and isinstance(output, torch.Tensor):
         return output * WRONG_OUTPUT_SCALE
     return output
