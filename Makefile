@@ -12,9 +12,11 @@ HOST_TORCH := torch==2.14.1 torchvision==0.29.1 transformers==4.46.3
 RECIPES := $(wildcard docker/*Dockerfile*)
 SHELL_SCRIPTS := docker/install.sh .ci/podman.sh .ci/slurm.sh .ci/run
 
-# make gpu-check: every CUDA path once (DEVICE=cpu: its CPU half). It runs from a plain checkout
-# with whatever Python has torch: the project's .venv where it exists, else $(PYTHON).
+# make gpu-check: every CUDA path once (DEVICE=cpu: its CPU half; ENVS=host,torch-2.0: a subset of
+# the environments present). It runs from a plain checkout with whatever Python has torch: the
+# project's .venv where it exists, else $(PYTHON).
 DEVICE ?= cuda
+ENVS ?=
 CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 .PHONY: setup run test test-fast lint format clean gpu-check
@@ -38,7 +40,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
 gpu-check:
-	PYTHONPATH=src $(CHECK_PYTHON) scripts/gpu_check.py --device $(DEVICE)
+	PYTHONPATH=src $(CHECK_PYTHON) scripts/gpu_check.py --device $(DEVICE) --envs "$(ENVS)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
