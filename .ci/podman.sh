@@ -16,6 +16,7 @@ set -euo pipefail
 BASE_IMAGE=${PTSPEED_CI_BASE_IMAGE:-localhost/ptspeed/debian-base:bookworm}
 PYTHON_BASE_IMAGE=${PTSPEED_CI_PYTHON_BASE_IMAGE:-localhost/ptspeed/debian-python3.10:bookworm}
 PYTHON_VERSION=3.10
+OS_RELEASE_NAME="Debian GNU/Linux 12 (bookworm) + CPython $PYTHON_VERSION, ptspeed CI stand-in base"
 # What a pyenv CPython links against (ldd of its binary and lib-dynload modules).
 PYTHON_RUNTIME_PACKAGES=(libssl3 libffi8 libsqlite3-0 libbz2-1.0 liblzma5 zlib1g libreadline8
     libncursesw6 libuuid1 libgdbm6 libexpat1 libtirpc3 libcrypt1)
@@ -116,7 +117,8 @@ build_python_base_image() {
     # Without the test suite, and with an empty site-packages: the venvs bring their own pip
     # (ensurepip), and nothing the machine added to its own interpreter reaches the image.
     tar -C "$prefix" --exclude="lib/python$PYTHON_VERSION/test" \
-        --exclude="lib/python$PYTHON_VERSION/site-packages/*" --exclude='__pycache__' --exclude='bin/pip*' \
+        --exclude="lib/python$PYTHON_VERSION/site-packages/*" --exclude='__pycache__' \
+        --exclude='bin/pip*' \
         -cf "$context/python.tar" bin include lib share
     cat >"$context/Containerfile" <<CONTAINERFILE
 FROM $BASE_IMAGE
@@ -124,6 +126,8 @@ RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends \\
         ${PYTHON_RUNTIME_PACKAGES[*]} >/dev/null && apt-get clean && rm -rf /var/lib/apt/lists/*
 ADD python.tar /usr/local/
 RUN ldconfig && python$PYTHON_VERSION -c 'import ssl, sqlite3, ctypes, lzma, bz2, venv'
+# Says what it is, and lets a test tell this image's /etc/os-release from the Debian 12 host's.
+RUN sed -i 's|^PRETTY_NAME=.*|PRETTY_NAME="$OS_RELEASE_NAME"|' /usr/lib/os-release
 LABEL io.ptspeed.ci-stand-in="debootstrap bookworm + the CI machine's pyenv CPython $(basename "$prefix")"
 CONTAINERFILE
     log "$BASE_IMAGE + CPython $(basename "$prefix") -> $PYTHON_BASE_IMAGE"
