@@ -46,6 +46,10 @@ CUDA_MINIMUM_DRIVER = {
     (12, 9): "575.51.03",
     (13, 0): "580.65.06",
 }
+# How a cell's command starts the image's python: Apptainer passes the host's variables in, so
+# the ones that would show the host's Python packages (PYTHONHOME, a startup file, the user
+# site under the bound $HOME) go; PYTHONPATH is the cell rule's own (the suite's src/).
+CELL_PYTHON = "env -u PYTHONHOME -u PYTHONSTARTUP PYTHONNOUSERSITE=1"
 CUDA_IN_BASE = re.compile(r"cuda:(\d+)\.(\d+)")
 NO_BUILDER = (
     "containers: nothing here builds the images (no docker, podman or apptainer): "

@@ -11,6 +11,7 @@ from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
+from ptspeed.apptainer import CELL_PYTHON
 from ptspeed.cluster import (
     check_cluster,
     check_gpu_limit,
@@ -208,14 +209,10 @@ def interpreter(env):
 
 
 def apptainer_python(env):
-    """The image's python, as the cell's shell command inside the container starts it: blind
-    to the host's Python packages (Apptainer passes the host's variables in, so PYTHONHOME and
-    the user site go; PYTHONPATH is the rule's own), with the image's digest for the record."""
+    """The image's python as the cell's command inside the container starts it: blind to the
+    host's Python packages (ptspeed.apptainer.CELL_PYTHON), with the digest for the record."""
     digest = shlex.quote(sif_digest_path(env))
-    return (
-        "env -u PYTHONHOME -u PYTHONSTARTUP PYTHONNOUSERSITE=1"
-        f' PTSPEED_CONTAINER_DIGEST="$(cat {digest})" python'
-    )
+    return f'{CELL_PYTHON} PTSPEED_CONTAINER_DIGEST="$(cat {digest})" python'
 
 
 def container_launcher(env, engine):
