@@ -210,7 +210,8 @@ def interpreter(env):
 
 def apptainer_python(env):
     """The image's python as the cell's command inside the container starts it: blind to the
-    host's Python packages (ptspeed.apptainer.CELL_PYTHON), with the digest for the record."""
+    host's Python packages (ptspeed.apptainer.CELL_PYTHON), with the digest for the record.
+    """
     digest = shlex.quote(sif_digest_path(env))
     return f'{CELL_PYTHON} PTSPEED_CONTAINER_DIGEST="$(cat {digest})" python'
 

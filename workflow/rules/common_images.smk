@@ -12,7 +12,9 @@ def image_environments():
 
 
 def apptainer_environments():
-    return [env for env in ENVIRONMENTS if uses_container(env) and not container_engine(env)]
+    return [
+        env for env in ENVIRONMENTS if uses_container(env) and not container_engine(env)
+    ]
 
 
 def make_sif_plan():
@@ -83,12 +85,15 @@ def image_build_options(wildcards):
 
 
 def image_pull_options(wildcards):
-    return quoted(["--engine", IMAGE_ENGINE, "--uri", ENVIRONMENTS[wildcards.env]["container"]])
+    return quoted(
+        ["--engine", IMAGE_ENGINE, "--uri", ENVIRONMENTS[wildcards.env]["container"]]
+    )
 
 
 def sif_inputs(wildcards):
-    """What rule sif makes the image of: the engine's image, or the recipe and lock that
-    Apptainer builds itself; a registry image is an input of no rule (pinned by digest)."""
+    """The inputs of the sif rule: the engine's image, or the recipe and lock that
+    Apptainer builds itself; a registry image is an input of no rule (pinned by digest).
+    """
     if SIF_PLAN is None or SIF_PLAN.source == "registry":
         return {}
     inputs = {
