@@ -272,6 +272,7 @@ def test_every_record_comes_from_inside_its_image(apptainer_run: dict[str, Any])
         assert record["status"] == "ok", record["reason"] + record["detail"]
         assert provenance["torch"].split("+")[0] == ENVIRONMENTS[env]
         assert provenance["python"].startswith("3.10.")
+        assert provenance["git_commit"], "the checkout's commit goes into the container"
         inside = image_exec(sif, "grep", "^PRETTY_NAME=", "/etc/os-release")
         assert inside.stdout.strip() == f'PRETTY_NAME="{provenance["os_release"]}"'
         assert f'PRETTY_NAME="{provenance["os_release"]}"' not in host_os

@@ -1,5 +1,6 @@
 import functools
 import json
+import os
 import re
 import shlex
 import shutil
@@ -37,6 +38,7 @@ from ptspeed.matrix import (
     model_sizes,
     runtime_minutes,
 )
+from ptspeed.provenance import GIT_COMMIT_VARIABLE, git_state
 
 
 def detect_device_class(requested):
@@ -132,6 +134,10 @@ if workflow.is_main_process:
         raise WorkflowError(f"config: {exc}") from None
 CONTAINERS = container_settings(config)
 IMAGE_ENGINE = engine_for_images(CONTAINERS, engine_usable)
+# An image has no git to ask: the checkout's commit goes in as a variable of this process,
+# which Apptainer passes into the container (a param would rerun every cell after a commit).
+if IN_APPTAINER and not os.environ.get(GIT_COMMIT_VARIABLE):
+    os.environ[GIT_COMMIT_VARIABLE] = git_state()[0]
 
 
 def uses_container(env):
