@@ -41,9 +41,18 @@ def check_node_driver():
             raise WorkflowError(f"config: {exc}") from None
 
 
+def give_cells_the_gpus():
+    """--nv on CUDA runs, whether or not a profile's apptainer-args says it."""
+    arguments = workflow.deployment_settings.apptainer_args or ""
+    if "--nv" not in arguments.split():
+        workflow.deployment_settings.apptainer_args = f"{arguments} --nv".strip()
+
+
 SIF_PLAN = make_sif_plan()
-if SIF_PLAN and DEVICE_CLASS == "cuda" and workflow.is_main_process:
-    check_node_driver()
+if SIF_PLAN and DEVICE_CLASS == "cuda":
+    give_cells_the_gpus()
+    if workflow.is_main_process:
+        check_node_driver()
 
 
 def image_requirements(wildcards):
