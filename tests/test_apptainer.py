@@ -296,18 +296,23 @@ def test_a_cell_cannot_write_into_its_image(apptainer_run: dict[str, Any]) -> No
 @pytest.mark.apptainer
 @pytest.mark.slow
 def test_the_cells_python_does_not_see_the_hosts_packages(
-    apptainer_run: dict[str, Any], tmp_path: Path
+    apptainer_run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A module in the user site of the bound home directory: the image's python without the
-    cell's policy imports it, the cell's python does not."""
-    site = tmp_path / ".local/lib/python3.10/site-packages"
-    site.mkdir(parents=True)
-    (site / "host_only_probe.py").write_text("")
+    """Apptainer passes the host's PYTHONPATH and PYTHONHOME in: the image's python alone
+    would import a host module or fail to start; the cell's command (the rule's PYTHONPATH,
+    then CELL_PYTHON) is the image's venv and nothing else."""
+    (tmp_path / "host_only_probe.py").write_text("")
     sif = apptainer_run["results"] / "images" / "torch-2.0.sif"
-    probe = "python -c 'import host_only_probe'"
-    assert image_exec(sif, "sh", "-c", probe, home=tmp_path).returncode == 0
-    blind = image_exec(sif, "sh", "-c", f"{CELL_PYTHON} {probe}", home=tmp_path)
+    probe = "python -c 'import sys; print(sys.prefix); import host_only_probe'"
+    cell = f"PYTHONPATH={ROOT / 'src'} {CELL_PYTHON} {probe}"
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert image_exec(sif, "sh", "-c", probe).returncode == 0
+    blind = image_exec(sif, "sh", "-c", cell)
+    assert blind.stdout.strip() == "/opt/venv"
     assert blind.returncode == 1 and "No module named 'host_only_probe'" in blind.stderr
+    monkeypatch.setenv("PYTHONHOME", str(tmp_path))
+    assert image_exec(sif, "python", "-c", "pass").returncode != 0
+    assert image_exec(sif, "sh", "-c", cell).stdout.strip() == "/opt/venv"
 
 
 @pytest.mark.apptainer

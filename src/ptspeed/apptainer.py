@@ -47,8 +47,9 @@ CUDA_MINIMUM_DRIVER = {
     (13, 0): "580.65.06",
 }
 # How a cell's command starts the image's python: Apptainer passes the host's variables in, so
-# the ones that would show the host's Python packages (PYTHONHOME, a startup file, the user
-# site under the bound $HOME) go; PYTHONPATH is the cell rule's own (the suite's src/).
+# the ones that would bring the host's Python in (PYTHONHOME, a startup file, a user site) go;
+# PYTHONPATH is the cell rule's own (the suite's src/). The image's python is a venv's, which
+# ignores the user site anyway (the bound $HOME's ~/.local).
 CELL_PYTHON = "env -u PYTHONHOME -u PYTHONSTARTUP PYTHONNOUSERSITE=1"
 CUDA_IN_BASE = re.compile(r"cuda:(\d+)\.(\d+)")
 NO_BUILDER = (
