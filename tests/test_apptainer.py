@@ -31,6 +31,7 @@ from ptspeed.apptainer import (
     NO_BUILDER,
     SifPlan,
     check_driver,
+    image_key,
     plan_sif,
     sif_commands,
 )
@@ -333,3 +334,34 @@ def test_a_changed_lock_rebuilds_exactly_its_image_and_cells(apptainer_run: dict
     assert [job["wildcards"] for job in jobs(done.stdout, "sif")] == ["env=torch-2.0"]
     rerun = {job["wildcards"].split(",")[0] for job in jobs(done.stdout, "cell")}
     assert rerun == {"env=torch-2.0"}
+
+
+def test_a_shared_image_dir_serves_a_second_checkout_without_building(tmp_path: Path) -> None:
+    """What another checkout built with the same recipes and lock is reused: the manifest is
+    copied, the sif linked, and neither an engine nor Apptainer runs (none is on PATH)."""
+    shared, results = tmp_path / "shared", tmp_path / "results"
+    shared.mkdir()
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", CI_PYTHON_BASE)
+    stem = f"{shared}/torch-2.0-{image_key(spec, ROOT)}"
+    manifest = ImageManifest("torch-2.0", "localhost/ptspeed/torch-2.0:latest", DIGEST, DIGEST,
+                             "podman", "build")  # fmt: skip
+    manifest.write(Path(f"{stem}.json"))
+    Path(f"{stem}.sif").write_text("an image\n")
+    Path(f"{stem}.sif.digest").write_text(f"{DIGEST}\n")
+    recipe = ["--requirements", "envs/torch-2.0.txt", "--python", "3.10",
+              "--base-image", CI_PYTHON_BASE, "--image-dir", str(shared)]  # fmt: skip
+    bare = {**os.environ, "PATH": bare_path(tmp_path / "bin")}
+
+    def image_py(*args: str) -> None:
+        done = subprocess.run([sys.executable, "scripts/image.py", *args, *recipe], cwd=ROOT,
+                              env=bare, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    image_py("build", "--env", "torch-2.0", "--engine", "podman", "--tag", "t",
+             "--manifest", str(results / "torch-2.0.json"))  # fmt: skip
+    assert ImageManifest.read(results / "torch-2.0.json") == manifest
+    image_py("sif", "--env", "torch-2.0", "--source", "image", "--engine", "podman",
+             "--manifest", str(results / "torch-2.0.json"), "--sif", str(results / "x.sif"),
+             "--digest", str(results / "x.sif.digest"))  # fmt: skip
+    assert (results / "x.sif").resolve() == Path(f"{stem}.sif").resolve()
+    assert (results / "x.sif.digest").read_text() == f"{DIGEST}\n"
