@@ -194,6 +194,11 @@ def check_container_config(config: Mapping[str, object], in_apptainer: bool = Fa
     environments = config["environments"]
     assert isinstance(environments, Mapping)
     for name, spec in environments.items():
+        if spec["kind"] == "container" and not runs_in_image(spec, settings, in_apptainer):
+            raise ContainerConfigError(
+                f"environments.{name}: kind container with containers.runtime apptainer runs "
+                "only under --use-singularity (--sdm apptainer)"
+            )
         if runs_in_image(spec, settings, in_apptainer):
             _check_image_source(name, spec, settings)
 

@@ -131,8 +131,8 @@ def sif_options(wildcards):
 
 
 def images_targets():
-    """What `snakemake images` makes: every image, and under Apptainer every <env>.sif."""
-    targets = [image_manifest(env) for env in image_environments()]
-    if SIF_PLAN and SIF_PLAN.source == "registry":
-        targets = []
-    return targets + [sif_path(env) for env in apptainer_environments()]
+    """What `snakemake images` makes: under Apptainer every <env>.sif (with what it is made
+    of), else every image."""
+    if SIF_PLAN:
+        return [sif_path(env) for env in apptainer_environments()]
+    return [image_manifest(env) for env in image_environments()]
