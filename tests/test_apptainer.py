@@ -319,15 +319,19 @@ def test_the_cells_python_does_not_see_the_hosts_packages(
 @pytest.mark.apptainer
 @pytest.mark.slow
 def test_a_changed_lock_rebuilds_exactly_its_image_and_cells(apptainer_run: dict[str, Any]) -> None:
+    """A changed lock (a comment added: Snakemake compares the content of small inputs, not
+    only their times) plans its image, its sif and its cells again, and nothing of the other
+    environment. The lock is restored, content and time, whatever happens."""
     lock = ROOT / "envs/torch-2.0.txt"
-    before = lock.stat()
+    before, text = lock.stat(), lock.read_bytes()
     try:
-        os.utime(lock)
+        lock.write_bytes(text + b"# changed by tests/test_apptainer.py\n")
         done = snakemake(
             "-n", "--use-singularity", f"--configfile={apptainer_run['config']}",
             env=with_emulator(),
         )  # fmt: skip
     finally:
+        lock.write_bytes(text)
         os.utime(lock, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert done.returncode == 0, done.stdout[-3000:]
     assert [job["wildcards"] for job in jobs(done.stdout, "image")] == ["env=torch-2.0"]
