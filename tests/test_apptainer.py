@@ -369,3 +369,49 @@ def test_a_shared_image_dir_serves_a_second_checkout_without_building(tmp_path: 
              "--digest", str(results / "x.sif.digest"))  # fmt: skip
     assert (results / "x.sif").resolve() == Path(f"{stem}.sif").resolve()
     assert (results / "x.sif.digest").read_text() == f"{DIGEST}\n"
+
+
+DEFINITION = """\
+Bootstrap: docker
+From: {{ BASE }}
+
+%arguments
+    BASE=localhost/ptspeed/debian-base:bookworm
+    WORD=default
+
+%files
+    {{ SOURCE }} /opt/copied.txt
+
+%post
+    echo "{{ WORD }}" > /opt/built.txt
+
+%environment
+    export GREETING=from-environment
+
+%labels
+    org.example.word {{ WORD }}
+
+%runscript
+    echo "runscript $GREETING $*"
+"""
+
+
+def test_emulator_builds_a_definition_file_and_runs_it(tmp_path: Path) -> None:
+    base = "localhost/ptspeed/debian-base:bookworm"
+    if subprocess.run(["podman", "image", "exists", base], check=False).returncode != 0:
+        pytest.skip(f"needs podman and {base} (.ci/podman.sh)")
+    (tmp_path / "ptspeed.def").write_text(DEFINITION)
+    (tmp_path / "source.txt").write_text("copied\n")
+    sif = tmp_path / "x.sif"
+    build = [str(EMULATOR), "build", "--fakeroot", "--build-arg", "WORD=given",
+             "--build-arg", f"SOURCE={tmp_path / 'source.txt'}", str(sif),
+             str(tmp_path / "ptspeed.def")]  # fmt: skip
+    done = subprocess.run(build, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = subprocess.run(build, capture_output=True, text=True, check=False)
+    assert "already exists; use --force" in again.stderr
+    shown = image_exec(sif, "sh", "-c", "cat /opt/built.txt /opt/copied.txt; echo $GREETING")
+    assert shown.stdout.split() == ["given", "copied", "from-environment"], shown.stderr
+    ran = subprocess.run([str(EMULATOR), "run", str(sif), "a", "b"], capture_output=True,
+                         text=True, check=False, env=with_emulator())  # fmt: skip
+    assert ran.stdout.strip() == "runscript from-environment a b", ran.stderr
