@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
+from test_containers import CI_BASE_IMAGE as CI_PYTHON_BASE
+from test_containers import host_ca_bundle
 from test_workflow import ROOT, snakemake, write_config
 
 from ptspeed.apptainer import (
@@ -40,9 +42,6 @@ from ptspeed.containers import BuildSpec, ContainerConfigError, ImageManifest
 EMULATOR_DIR = ROOT / "tests" / "fixtures" / "apptainer-emulator"
 EMULATOR = EMULATOR_DIR / "apptainer"
 DEFAULT_CONFIG = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-CI_PYTHON_BASE = os.environ.get(
-    "PTSPEED_CI_PYTHON_BASE_IMAGE", "localhost/ptspeed/debian-python3.10:bookworm"
-)
 ENVIRONMENTS = {"torch-1.13": "1.13.1", "torch-2.0": "2.0.1"}
 RUN_TIMEOUT_S = 45 * 60
 DIGEST = "sha256:" + "ab" * 32
@@ -208,12 +207,11 @@ def reduced_matrix(directory: Path) -> dict[str, Any]:
         env: {**DEFAULT_CONFIG["environments"][env], "base_image": CI_PYTHON_BASE}
         for env in ENVIRONMENTS
     }
-    ca_bundle = os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
     return {
         **DEFAULT_CONFIG,
         "results": str(directory / "results"),
         "device": "cpu",
-        "containers": {**DEFAULT_CONFIG["containers"], "ca_bundle": ca_bundle},
+        "containers": {**DEFAULT_CONFIG["containers"], "ca_bundle": host_ca_bundle()},
         "environments": environments,
         "models": {"mlp": {"cpu": {"batch_size": 16}, "cuda": {"batch_size": 64}}},
     }
@@ -279,10 +277,13 @@ def test_every_record_comes_from_inside_its_image(apptainer_run: dict[str, Any])
         assert f'PRETTY_NAME="{provenance["os_release"]}"' not in host_os
         manifest = json.loads((results / "images" / f"{env}.json").read_text())
         built = subprocess.run(
-            ["podman", "image", "inspect", "--format", "{{.Digest}}", manifest["image"]],
+            ["podman", "image", "inspect", "--format", "{{.Id}}", manifest["image"]],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
-        assert provenance["container_digest"] == manifest["digest"] == built.stdout.strip()
+        assert provenance["container_digest"] == manifest["digest"]
+        assert manifest["digest"] == f"sha256:{built.stdout.strip()}"
+        # The image the emulator ran is that one (its sif names the podman image by id).
+        assert json.loads(sif.read_text())["image_id"] == manifest["digest"]
         assert provenance["container_image"] == str(sif.resolve())
 
 

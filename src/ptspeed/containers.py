@@ -330,11 +330,15 @@ def inspect_image(
     except (ValueError, IndexError, KeyError) as error:
         raise ContainerError(f"{engine} image inspect {reference}: unreadable answer") from error
     labels = (details.get("Config") or {}).get("Labels") or details.get("Labels") or {}
+    image_id = details["Id"] if details["Id"].startswith("sha256:") else f"sha256:{details['Id']}"
     return ImageManifest(
         env=env,
         image=reference,
-        id=details["Id"] if details["Id"].startswith("sha256:") else f"sha256:{details['Id']}",
-        digest=image_digest(details, reference),
+        id=image_id,
+        # A local build has no registry digest, and the manifest digest podman keeps for it
+        # changes whenever the same image is saved and loaded again (as rule sif does): its
+        # id, the digest of its configuration, names it exactly and for good.
+        digest=image_id if source == "build" else image_digest(details, reference),
         engine=engine,
         source=source,
         base_image=base_image or labels.get("org.opencontainers.image.base.name", ""),
