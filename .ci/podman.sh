@@ -22,9 +22,10 @@ PYTHON_RUNTIME_PACKAGES=(libssl3 libffi8 libsqlite3-0 libbz2-1.0 liblzma5 zlib1g
     libncursesw6 libuuid1 libgdbm6 libexpat1 libtirpc3 libcrypt1)
 MIRROR=${PTSPEED_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CONF=/etc/containers/containers.conf
-# nix-bin is not for podman: it gives tests/test_containers.py `nix-instantiate --parse`.
+# nix-bin is not for podman: it gives tests/test_containers.py `nix-instantiate --parse`;
+# docker-registry gives tests/test_apptainer.py a registry of its own to push to and pull from.
 PACKAGES=(podman buildah debootstrap runc conmon fuse-overlayfs slirp4netns uidmap
-    containernetworking-plugins catatonit nix-bin)
+    containernetworking-plugins catatonit nix-bin docker-registry)
 
 log() { printf 'podman.sh: %s\n' "$*" >&2; }
 

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -36,8 +37,16 @@ from ptspeed.apptainer import (
     image_key,
     plan_sif,
     sif_commands,
+    sif_digest,
 )
-from ptspeed.containers import BuildSpec, ContainerConfigError, ImageManifest
+from ptspeed.containers import (
+    BuildSpec,
+    ContainerConfigError,
+    ImageManifest,
+    digest_of,
+    inspect_image,
+    push_image,
+)
 
 EMULATOR_DIR = ROOT / "tests" / "fixtures" / "apptainer-emulator"
 EMULATOR = EMULATOR_DIR / "apptainer"
@@ -416,3 +425,56 @@ def test_emulator_builds_a_definition_file_and_runs_it(tmp_path: Path) -> None:
     ran = subprocess.run([str(EMULATOR), "run", str(sif), "a", "b"], capture_output=True,
                          text=True, check=False, env=with_emulator())  # fmt: skip
     assert ran.stdout.strip() == "runscript from-environment a b", ran.stderr
+
+
+@pytest.fixture
+def local_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A registry of its own (Debian's docker-registry, from .ci/podman.sh) on a free port,
+    plain HTTP, which podman is told through CONTAINERS_REGISTRIES_CONF."""
+    registry = shutil.which("docker-registry")
+    if registry is None or shutil.which("podman") is None:
+        pytest.skip("needs podman and docker-registry (.ci/podman.sh)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        "version: 0.1\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {tmp_path / 'storage'}\nhttp:\n  addr: {address}\n"
+    )
+    registries = tmp_path / "registries.conf"
+    registries.write_text(f'[[registry]]\nlocation = "{address}"\ninsecure = true\n')
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(registries))
+    server = subprocess.Popen([registry, "serve", str(config)], stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with socket.socket() as client:
+                if client.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield address
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_push_pins_by_digest_and_apptainer_builds_from_it(
+    local_registry: str, tmp_path: Path
+) -> None:
+    """The push of `snakemake images --config containers.push=true` returns the image pinned
+    by the registry's digest; `apptainer build` of that reference (rule sif with images: pull)
+    gives the same image."""
+    base = "localhost/ptspeed/debian-base:bookworm"
+    if subprocess.run(["podman", "image", "exists", base], check=False).returncode != 0:
+        pytest.skip(f"needs {base} (.ci/podman.sh)")
+    manifest = inspect_image("podman", "probe", base, "build")
+    pinned = push_image("podman", manifest, f"{local_registry}/ptspeed")
+    assert re.fullmatch(rf"{re.escape(local_registry)}/ptspeed/probe@sha256:[0-9a-f]{{64}}", pinned)
+    plan = SifPlan("registry")
+    (command,) = sif_commands(plan, tmp_path / "probe.sif", None, ROOT, reference=pinned)
+    done = subprocess.run(command, capture_output=True, text=True, env=with_emulator())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sif_digest(plan, tmp_path / "probe.sif", reference=pinned) == digest_of(pinned)
+    pulled = json.loads((tmp_path / "probe.sif").read_text())["image_id"]
+    assert pulled == manifest.id
