@@ -462,7 +462,7 @@ def local_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def test_push_pins_by_digest_and_apptainer_builds_from_it(
     local_registry: str, tmp_path: Path
 ) -> None:
-    """The push of `snakemake images --config containers.push=true` returns the image pinned
+    """The push of `snakemake images` with containers.push returns the image pinned
     by the registry's digest; `apptainer build` of that reference (rule sif with images: pull)
     gives the same image."""
     base = "localhost/ptspeed/debian-base:bookworm"

@@ -128,7 +128,10 @@ def container_settings(config: Mapping[str, object]) -> dict[str, Any]:
     """The config's ``containers`` section with its defaults."""
     given = config.get("containers") or {}
     assert isinstance(given, Mapping)
-    return {**SETTINGS_DEFAULTS, **given}
+    settings = {**SETTINGS_DEFAULTS, **given}
+    # --config passes nested values as text.
+    settings["push"] = settings["push"] in (True, "true")
+    return settings
 
 
 def engine_for_images(settings: Mapping[str, Any], usable: Callable[[str], bool]) -> str:
@@ -227,8 +230,8 @@ def _check_image_source(name: str, spec: Mapping[str, Any], settings: Mapping[st
         registry = settings["registry"] or "registry.example.org/ptspeed"
         raise ContainerConfigError(
             f"environments.{name}.container: containers.images pull takes an image pinned by "
-            f"digest, e.g. docker://{registry}/{name}@sha256:… (`snakemake images --config "
-            f"containers.push=true` prints them); got {uri or 'none'!r}"
+            f"digest, e.g. docker://{registry}/{name}@sha256:… (a push prints them: "
+            f"config/README.md, containers.push); got {uri or 'none'!r}"
         )
 
 
