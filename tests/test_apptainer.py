@@ -478,3 +478,38 @@ def test_push_pins_by_digest_and_apptainer_builds_from_it(
     assert sif_digest(plan, tmp_path / "probe.sif", reference=pinned) == digest_of(pinned)
     pulled = json.loads((tmp_path / "probe.sif").read_text())["image_id"]
     assert pulled == manifest.id
+
+
+def test_cuda_cells_get_nv_and_a_shared_image_dir_spares_the_build(tmp_path: Path) -> None:
+    """On a CUDA run the cells get --nv though the default profile has no apptainer-args (the
+    emulator, like Apptainer on a machine without NVIDIA's driver, warns and goes on), and a
+    shared image directory that holds the environment's image spares the build: the sif is a
+    link to it. The shared "image" is the CI base itself, without torch: the cell's own result
+    does not matter here."""
+    if subprocess.run(["podman", "image", "exists", CI_PYTHON_BASE], check=False).returncode:
+        pytest.skip(f"needs podman and {CI_PYTHON_BASE} (.ci/podman.sh)")
+    shared = tmp_path / "shared"
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", CI_PYTHON_BASE)
+    stem = f"{shared}/torch-2.0-{image_key(spec, ROOT)}"
+    build = [str(EMULATOR), "build", f"{stem}.sif", f"docker-daemon:{CI_PYTHON_BASE}"]
+    subprocess.run(build, check=True, capture_output=True, env=with_emulator())
+    manifest = inspect_image("podman", "torch-2.0", CI_PYTHON_BASE, "build")
+    manifest.write(Path(f"{stem}.json"))
+    Path(f"{stem}.sif.digest").write_text(f"{manifest.digest}\n")
+    config = {
+        **reduced_matrix(tmp_path),
+        "device": "cuda",
+        "trials": 1,
+        "environments": {"torch-2.0": reduced_matrix(tmp_path)["environments"]["torch-2.0"]},
+        "comparisons": {"compile-alone": DEFAULT_CONFIG["comparisons"]["compile-alone"]},
+    }
+    config["containers"] = {**config["containers"], "image_dir": str(shared)}
+    record = tmp_path / "results/records/torch-2.0/mlp/eager/train/b64/trial0.json"
+    done = snakemake(
+        str(record), "--use-singularity", f"--configfile={write_config(tmp_path, config)}",
+        "--resources", "gpu=1", env=with_emulator(),
+    )  # fmt: skip
+    assert "WARNING: Could not find any nv files on this host!" in done.stdout, done.stdout[-3000:]
+    assert (tmp_path / "results/images/torch-2.0.sif").resolve() == Path(f"{stem}.sif")
+    log = (tmp_path / "results/logs/images/torch-2.0.log").read_text()
+    assert log.startswith("reusing "), log
