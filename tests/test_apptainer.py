@@ -513,3 +513,20 @@ def test_cuda_cells_get_nv_and_a_shared_image_dir_spares_the_build(tmp_path: Pat
     assert (tmp_path / "results/images/torch-2.0.sif").resolve() == Path(f"{stem}.sif")
     log = (tmp_path / "results/logs/images/torch-2.0.log").read_text()
     assert log.startswith("reusing "), log
+
+
+def test_a_node_driver_older_than_the_cuda_base_stops_the_run(tmp_path: Path) -> None:
+    """nvidia-smi says 470.82.01; the default base's CUDA 11.8 needs 520.61.05: refused with
+    one line naming both, before any job."""
+    smi = tmp_path / "bin/nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\ncase "$*" in *driver_version*) echo 470.82.01 ;;\n'
+                   '*) echo "GPU 0: NVIDIA A100 (UUID: GPU-0)" ;; esac\n')  # fmt: skip
+    smi.chmod(0o755)
+    done = snakemake(
+        "-n", "--use-singularity", "--resources", "gpu=1",
+        env=with_emulator(f"{smi.parent}{os.pathsep}{os.environ['PATH']}"),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("config:")]
+    assert "CUDA 11.8" in line and ">= 520.61.05" in line and "driver is 470.82.01" in line
