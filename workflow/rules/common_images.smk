@@ -31,10 +31,14 @@ def make_sif_plan():
 
 
 def check_node_driver():
-    """A CUDA base newer than this node's driver is refused before any cell runs."""
+    """A CUDA base newer than this node's driver is refused before any cell runs (of the
+    environments that the matrix's cells use)."""
     driver = nvidia_driver_version()
-    for env in apptainer_environments():
-        base = ENVIRONMENTS[env].get("base_image") or default_base_image(Path.cwd())
+    used = {cell.env for cell in CELLS}
+    for env in sorted(used & set(apptainer_environments())):
+        base = ENVIRONMENTS[env].get("base_image") or default_base_image(
+            Path(workflow.basedir)
+        )
         try:
             check_driver(env, base, driver)
         except ContainerConfigError as exc:
