@@ -4,17 +4,28 @@
 #   2. /etc/containers/containers.conf for a machine without systemd (runc, cgroupfs, file
 #      events, explicit ulimits: podman's defaults ask for more open files than the host allows);
 #   3. a minimal Debian bookworm base image made with debootstrap. No Docker Hub here, so it
-#      stands in for the NVIDIA CUDA base through docker/Dockerfile's BASE_IMAGE argument.
+#      stands in for the NVIDIA CUDA base through docker/Dockerfile's BASE_IMAGE argument;
+#   4. that base plus CPython 3.10 (the CUDA base's Ubuntu 22.04 has 3.10; Debian 12 has only
+#      3.11, and torch 1.13.1 has no cp311 wheels): the machine's own pyenv build of 3.10,
+#      compiled on Debian 12 against the libraries the base installs, copied to /usr/local.
+#      A stand-in for CI only: on a real site the base is nvidia/cuda (docker/README.md).
 # Idempotent (a second run changes nothing and takes seconds); every step is bounded in time.
-# Prints the base image reference on its last line.
+# Prints the base image reference, then the Python 3.10 base's, one a line.
 set -euo pipefail
 
 BASE_IMAGE=${PTSPEED_CI_BASE_IMAGE:-localhost/ptspeed/debian-base:bookworm}
+PYTHON_BASE_IMAGE=${PTSPEED_CI_PYTHON_BASE_IMAGE:-localhost/ptspeed/debian-python3.10:bookworm}
+PYTHON_VERSION=3.10
+OS_RELEASE_NAME="Debian GNU/Linux 12 (bookworm) + CPython $PYTHON_VERSION, ptspeed CI stand-in base"
+# What a pyenv CPython links against (ldd of its binary and lib-dynload modules).
+PYTHON_RUNTIME_PACKAGES=(libssl3 libffi8 libsqlite3-0 libbz2-1.0 liblzma5 zlib1g libreadline8
+    libncursesw6 libuuid1 libgdbm6 libexpat1 libtirpc3 libcrypt1)
 MIRROR=${PTSPEED_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CONF=/etc/containers/containers.conf
-# nix-bin is not for podman: it gives tests/test_containers.py `nix-instantiate --parse`.
+# nix-bin is not for podman: it gives tests/test_containers.py `nix-instantiate --parse`;
+# docker-registry gives tests/test_apptainer.py a registry of its own to push to and pull from.
 PACKAGES=(podman buildah debootstrap runc conmon fuse-overlayfs slirp4netns uidmap
-    containernetworking-plugins catatonit nix-bin)
+    containernetworking-plugins catatonit nix-bin docker-registry)
 
 log() { printf 'podman.sh: %s\n' "$*" >&2; }
 
@@ -86,6 +97,44 @@ build_base_image() {
         | timeout 5m podman import --change 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null
 }
 
+pyenv_python_prefix() {
+    local root
+    root=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
+    find "$root/versions" -maxdepth 1 -name "$PYTHON_VERSION.*" 2>/dev/null | sort -V | tail -1
+}
+
+build_python_base_image() {
+    if timeout 1m podman image exists "$PYTHON_BASE_IMAGE"; then
+        return
+    fi
+    local prefix context
+    prefix=$(pyenv_python_prefix)
+    if [[ -z $prefix || ! -x $prefix/bin/python$PYTHON_VERSION ]]; then
+        log "no pyenv CPython $PYTHON_VERSION on this machine (pyenv install $PYTHON_VERSION)"
+        return 1
+    fi
+    context=$(mktemp -d /var/tmp/ptspeed-python.XXXXXX)
+    trap 'rm -rf "$context"' RETURN
+    # Without the test suite, and with an empty site-packages: the venvs bring their own pip
+    # (ensurepip), and nothing the machine added to its own interpreter reaches the image.
+    tar -C "$prefix" --exclude="lib/python$PYTHON_VERSION/test" \
+        --exclude="lib/python$PYTHON_VERSION/site-packages/*" --exclude='__pycache__' \
+        --exclude='bin/pip*' \
+        -cf "$context/python.tar" bin include lib share
+    cat >"$context/Containerfile" <<CONTAINERFILE
+FROM $BASE_IMAGE
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends \\
+        ${PYTHON_RUNTIME_PACKAGES[*]} >/dev/null && apt-get clean && rm -rf /var/lib/apt/lists/*
+ADD python.tar /usr/local/
+RUN ldconfig && python$PYTHON_VERSION -c 'import ssl, sqlite3, ctypes, lzma, bz2, venv'
+# Says what it is, and lets a test tell this image's /etc/os-release from the Debian 12 host's.
+RUN sed -i 's|^PRETTY_NAME=.*|PRETTY_NAME="$OS_RELEASE_NAME"|' /usr/lib/os-release
+LABEL io.ptspeed.ci-stand-in="debootstrap bookworm + the CI machine's pyenv CPython $(basename "$prefix")"
+CONTAINERFILE
+    log "$BASE_IMAGE + CPython $(basename "$prefix") -> $PYTHON_BASE_IMAGE"
+    timeout 10m podman build --network host -t "$PYTHON_BASE_IMAGE" "$context" >/dev/null
+}
+
 check_runs() {
     timeout 2m podman run --rm --network none "$BASE_IMAGE" true
 }
@@ -94,4 +143,6 @@ install_packages
 write_containers_conf
 build_base_image
 check_runs
+build_python_base_image
 echo "$BASE_IMAGE"
+echo "$PYTHON_BASE_IMAGE"

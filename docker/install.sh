@@ -3,47 +3,58 @@
 # Apptainer image bootstrapped from the same base install the same things):
 #   install.sh system PYTHON_VERSION               the OS's Python, its venv and headers, g++
 #   install.sh python PYTHON_VERSION TORCH_VERSION /opt/venv with exactly the lock, then checks
-# A CA bundle at /run/secrets/ca_bundle (a build secret) is trusted by apt and pip.
+# A CA bundle at /run/secrets/ca_bundle (a build secret) is trusted by apt, pip and uv.
 set -euo pipefail
 
 CA_BUNDLE=/run/secrets/ca_bundle
 VENV=/opt/venv
 REQUIREMENTS=/opt/ptspeed/requirements.txt
-# A cache mount in docker/Dockerfile. pip's own HTTP cache is no help here: it keeps only
-# responses with caching headers, which a proxy may strip; a directory of wheels always works.
-WHEELS=/var/cache/ptspeed-wheels
+UV_REQUIREMENTS=/opt/ptspeed/uv.txt
+# uv's cache: a build cache mount in docker/Dockerfile, or the host's own uv cache (`uv cache
+# dir`) mounted by podman build or apptainer build, so that a wheel the host's environments
+# already downloaded is not downloaded again (scripts/image.py sets UV_CACHE_DIR).
+export UV_CACHE_DIR=${UV_CACHE_DIR:-/var/cache/uv}
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 
 apt_options=()
 if [[ -s $CA_BUNDLE ]]; then
     apt_options+=(-o "Acquire::https::CAInfo=$CA_BUNDLE")
-    export PIP_CERT=$CA_BUNDLE
+    export PIP_CERT=$CA_BUNDLE SSL_CERT_FILE=$CA_BUNDLE
 fi
 
+has_python_with_headers() {
+    command -v "$1" >/dev/null 2>&1 \
+        && "$1" -c 'import sys, sysconfig, venv; from pathlib import Path
+sys.exit(not Path(sysconfig.get_paths()["include"], "Python.h").is_file())'
+}
+
 install_system() {
-    local python=python$1
-    # g++ and the Python headers: torch.compile's C++ (inductor) and Triton's launcher compile
-    # at run time.
+    local python=python$1 packages=(g++ ca-certificates)
+    # A base that brings this Python (with its headers and venv) keeps it; otherwise the
+    # distribution's. g++ and the headers: torch.compile's C++ (inductor) and Triton's launcher
+    # compile at run time.
+    if ! has_python_with_headers "$python"; then
+        packages+=("$python" "$python-venv" "$python-dev")
+    fi
     apt-get "${apt_options[@]}" update -qq
-    apt-get "${apt_options[@]}" install -y -qq --no-install-recommends \
-        "$python" "$python-venv" "$python-dev" g++ ca-certificates >/dev/null
+    apt-get "${apt_options[@]}" install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
     apt-get clean
     rm -rf /var/lib/apt/lists/*
     "$python" --version
 }
 
 install_python() {
-    local python=python$1 torch_version=$2
+    local python=python$1 torch_version=$2 tools
     "$python" -m venv "$VENV"
-    mkdir -p "$WHEELS"
-    # download skips files already in $WHEELS whose hash the lock lists; install then takes
-    # every file from there.
-    "$VENV/bin/python" -m pip download --quiet --require-hashes --no-deps \
-        --dest "$WHEELS" -r "$REQUIREMENTS"
-    "$VENV/bin/python" -m pip install --quiet --no-index --find-links "$WHEELS" \
-        --require-hashes --no-deps -r "$REQUIREMENTS"
+    tools=$(mktemp -d)
+    "$python" -m venv "$tools"
+    "$tools/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$UV_REQUIREMENTS"
+    # Exactly the lock, hash-checked. Copies out of the cache (it may be another filesystem).
+    "$tools/bin/uv" pip install --quiet --python "$VENV/bin/python" --require-hashes --no-deps \
+        --link-mode copy -r "$REQUIREMENTS"
+    rm -rf "$tools"
     "$VENV/bin/python" -m pip check
-    "$VENV/bin/python" - "$torch_version" <<'EOF'
+    "$VENV/bin/python" - "$torch_version" <<'PYTHON'
 import sys
 
 import torch
@@ -55,7 +66,7 @@ if torch.__version__.split("+")[0] != wanted:
     sys.exit(f"torch {torch.__version__} installed, the lock pins {wanted}")
 print("torch", torch.__version__, "torchvision", torchvision.__version__,
       "transformers", transformers.__version__, "CUDA", torch.version.cuda)
-EOF
+PYTHON
 }
 
 case ${1:-} in

@@ -2,24 +2,33 @@
 image of it.
 
     python scripts/image.py build --env torch-2.0 --engine podman \\
-        --requirements envs/torch-2.0.txt --python 3.10 --tag ghcr.io/ptspeed/torch-2.0:latest \\
-        [--base-image IMAGE] [--ca-bundle FILE] --manifest results/images/torch-2.0.json
+        --requirements envs/torch-2.0.txt --python 3.10 --tag localhost/ptspeed/torch-2.0:latest \\
+        [--base-image IMAGE] [--ca-bundle FILE] [--push-to REGISTRY] [--image-dir DIR] \\
+        --manifest results/images/torch-2.0.json
     python scripts/image.py pull --env torch-2.0 --engine podman \\
-        --uri docker://ghcr.io/ptspeed/torch-2.0@sha256:... --manifest results/images/torch-2.0.json
-    python scripts/image.py sif --env torch-2.0 [--engine podman --manifest M.json] \\
-        --requirements envs/torch-2.0.txt --python 3.10 [--base-image IMAGE] \\
-        --sif results/images/torch-2.0.sif
+        --uri docker://registry.example.org/ptspeed/torch-2.0@sha256:... \\
+        --manifest results/images/torch-2.0.json
+    python scripts/image.py sif --env torch-2.0 --source image|definition|registry \\
+        [--engine podman --manifest M.json | --uri REFERENCE] --requirements envs/torch-2.0.txt \\
+        --python 3.10 [--base-image IMAGE] [--image-dir DIR] \\
+        --sif results/images/torch-2.0.sif --digest results/images/torch-2.0.sif.digest
 
-Runs from the repository root without the package installed.
+With --image-dir, images are kept there under a name made of the environment and the hash of
+what they are built from (ptspeed.apptainer.image_key): a build or a sif whose twin is already
+there reuses it (the sif by a symbolic link) instead of building. Runs from the repository root
+without the package installed.
 """
 
 import argparse
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from ptspeed.apptainer import SifPlan, image_key, sif_commands, sif_digest
 from ptspeed.containers import (
     ENGINES,
     BuildSpec,
@@ -27,12 +36,13 @@ from ptspeed.containers import (
     ImageManifest,
     build_image,
     build_tag,
+    host_uv_cache,
     pull_image,
-    sif_commands,
+    push_image,
 )
 
 PROJECT = Path(__file__).resolve().parents[1]
-DEFINITION = PROJECT / "docker" / "ptspeed.def"
+SIF_SOURCES = ("image", "definition", "registry")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,16 +56,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for action in (build, pull):
         action.add_argument("--engine", required=True, choices=ENGINES)
         action.add_argument("--manifest", required=True, type=Path, help="JSON to write")
-    pull.add_argument("--uri", required=True, help="image reference, best pinned by digest")
+    for action in (pull, sif):
+        action.add_argument("--uri", default="", help="image reference, pinned by digest")
     build.add_argument("--tag", required=True, help="name of the built image")
+    build.add_argument("--push-to", default="", help="registry to push the built image to")
+    sif.add_argument("--source", required=True, choices=SIF_SOURCES, help="what it is made of")
     sif.add_argument("--engine", choices=ENGINES, help="take the image from this engine")
     sif.add_argument("--manifest", type=Path, help="the image's manifest (with --engine)")
     sif.add_argument("--sif", required=True, type=Path, help="Apptainer image to write")
+    sif.add_argument("--digest", required=True, type=Path, help="file to write its digest to")
     for action in (build, sif):
-        action.add_argument("--requirements", required=True, type=Path, help="hash-locked file")
-        action.add_argument("--python", required=True, help="major.minor, e.g. 3.10")
+        # Required but for a sif from the registry.
+        action.add_argument("--requirements", required=action is build, type=Path,
+                            help="hash-locked file")  # fmt: skip
+        action.add_argument("--python", required=action is build, help="major.minor, e.g. 3.10")
         action.add_argument("--base-image", default="", help="base image ('' = the recipe's)")
         action.add_argument("--ca-bundle", type=Path, help="CA bundle for TLS during the build")
+        action.add_argument("--image-dir", type=Path, help="shared directory of built images")
     return parser.parse_args(argv)
 
 
@@ -67,23 +84,63 @@ def spec_of(args: argparse.Namespace, tag: str) -> BuildSpec:
         tag=build_tag(tag),
         base_image=args.base_image,
         ca_bundle=args.ca_bundle,
+        uv_cache=host_uv_cache(),
     )
 
 
+def shared_path(args: argparse.Namespace, spec: BuildSpec, suffix: str) -> Path | None:
+    """The image's file of this kind in the shared image directory, None without one."""
+    if not args.image_dir:
+        return None
+    return args.image_dir / f"{args.env}-{image_key(spec, PROJECT)}{suffix}"
+
+
+def build(args: argparse.Namespace) -> None:
+    spec = spec_of(args, args.tag)
+    shared = shared_path(args, spec, ".json")
+    if shared and shared.is_file() and shared.with_suffix(".sif").is_file():
+        print(f"reusing {shared} (its sif is there: nothing to build)", flush=True)
+        ImageManifest.read(shared).write(args.manifest)
+        return
+    manifest = build_image(args.engine, spec, PROJECT)
+    manifest.write(args.manifest)
+    if shared:
+        manifest.write(shared)
+    if args.push_to:
+        pinned = push_image(args.engine, manifest, args.push_to)
+        print(f"pushed: set environments.{args.env}.container: docker://{pinned}", flush=True)
+        args.manifest.with_name(f"{args.env}.pushed").write_text(f"docker://{pinned}\n")
+
+
 def make_sif(args: argparse.Namespace) -> None:
+    plan = SifPlan(args.source, args.engine)
     manifest = ImageManifest.read(args.manifest) if args.manifest else None
-    spec = spec_of(args, manifest.image if manifest else f"localhost/ptspeed/{args.env}")
-    args.sif.parent.mkdir(parents=True, exist_ok=True)
-    for command in sif_commands(args.engine, manifest, args.sif, DEFINITION, spec):
-        print("+", " ".join(command), flush=True)
-        subprocess.run(command, check=True)
+    spec = None
+    if plan.source != "registry":
+        spec = spec_of(args, manifest.image if manifest else f"localhost/ptspeed/{args.env}")
+    shared = shared_path(args, spec, ".sif") if spec else None
+    target = shared or args.sif
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest_file = target.with_name(f"{target.name}.digest")
+    if not (shared and shared.is_file() and digest_file.is_file()):
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        for command in sif_commands(plan, partial, spec, PROJECT, manifest, args.uri):
+            print("+", " ".join(command), flush=True)
+            subprocess.run(command, check=True)
+        digest_file.write_text(sif_digest(plan, partial, manifest, args.uri) + "\n")
+        partial.replace(target)
+    if shared:
+        args.sif.unlink(missing_ok=True)
+        args.sif.symlink_to(shared.resolve())
+    if digest_file != args.digest:
+        shutil.copyfile(digest_file, args.digest)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.action == "build":
-            build_image(args.engine, spec_of(args, args.tag), PROJECT).write(args.manifest)
+            build(args)
         elif args.action == "pull":
             pull_image(args.engine, args.env, args.uri).write(args.manifest)
         else:

@@ -35,7 +35,6 @@ from ptspeed.containers import (
     image_digest,
     locked_versions,
     run_command,
-    sif_commands,
     stage_context,
 )
 
@@ -50,7 +49,11 @@ MANIFEST = ImageManifest(
     engine="podman",
     source="build",
 )
-CI_BASE_IMAGE = os.environ.get("PTSPEED_CI_BASE_IMAGE", "localhost/ptspeed/debian-base:bookworm")
+# .ci/podman.sh's stand-in for the CUDA base: Debian 12 with CPython 3.10, as the CUDA base's
+# Ubuntu 22.04 has (tests/test_apptainer.py builds on it too, so the layers are shared).
+CI_BASE_IMAGE = os.environ.get(
+    "PTSPEED_CI_PYTHON_BASE_IMAGE", "localhost/ptspeed/debian-python3.10:bookworm"
+)
 CI_IMAGE = "localhost/ptspeed/torch-2.0:ci"
 RECORD = "records/torch-2.0/mlp/eager/train/b8/trial0.json"
 
@@ -67,12 +70,7 @@ def linter(name: str) -> str:
 
 
 def container_config(directory: Path, **containers: str) -> dict[str, Any]:
-    """The torch-2.0 environment as a container built from a debootstrap stand-in base.
-
-    The stand-in is Debian bookworm, whose Python is 3.11 (the CUDA base's Ubuntu 22.04 has
-    3.10): torch 2.0.1 publishes cp311 wheels and the lock lists their hashes, so the same lock
-    installs; torch.compile of 2.0 does not support 3.11, which is why only eager runs here.
-    """
+    """The torch-2.0 environment as a container built from the CI's stand-in base."""
     return {
         "results": str(directory / "results"),
         "device": "cpu",
@@ -85,7 +83,7 @@ def container_config(directory: Path, **containers: str) -> dict[str, Any]:
             "torch-2.0": {
                 "kind": "container",
                 "requirements": "envs/torch-2.0.txt",
-                "python": "3.11",
+                "python": "3.10",
                 "container": CI_IMAGE,
                 "base_image": CI_BASE_IMAGE,
             }
@@ -200,7 +198,7 @@ def test_the_staged_context_holds_only_what_the_recipe_copies(tmp_path: Path) ->
     spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t")
     context = stage_context(spec, ROOT, tmp_path / "context")
     staged = sorted(str(p.relative_to(context)) for p in context.rglob("*") if p.is_file())
-    assert staged == ["docker/install.sh", "envs/torch-2.0.txt"]
+    assert staged == ["docker/install.sh", "docker/uv.txt", "envs/torch-2.0.txt"]
 
 
 # A mount outside the project wherever the checkout lies (a clone under /tmp included).
@@ -267,18 +265,6 @@ def test_image_digest_prefers_the_pinned_then_the_registry_then_the_id() -> None
     assert image_digest(details, "y@sha256:" + "01" * 32) == "sha256:" + "01" * 32
 
 
-def test_sif_comes_from_the_engine_image_or_from_the_definition(tmp_path: Path) -> None:
-    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t")
-    sif = tmp_path / "torch-2.0.sif"
-    definition = ROOT / "docker/ptspeed.def"
-    from_image = sif_commands("podman", MANIFEST, sif, definition, spec)
-    assert from_image[0][:2] == ["podman", "save"]
-    assert from_image[1][-1] == f"docker-archive://{sif.with_suffix('.tar')}"
-    (bootstrap,) = sif_commands(None, None, sif, definition, spec)
-    assert bootstrap[:2] == ["apptainer", "build"] and bootstrap[-1] == str(definition)
-    assert f"PROJECT={ROOT}" in bootstrap and "ENV_NAME=torch-2.0" in bootstrap
-
-
 def test_provenance_takes_the_digest_from_the_runtime_or_the_pinned_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -305,7 +291,7 @@ def test_provenance_takes_the_digest_from_the_runtime_or_the_pinned_name(
         ),
         (
             lambda c: c["environments"]["torch-2.0"].pop("python"),
-            "environments.torch-2.0: kind container with containers.images build needs",
+            "environments.torch-2.0: containers.images build needs requirements and python",
         ),
         (
             lambda c: c["containers"].update(ca_bundle="/nonexistent/ca.pem"),
@@ -355,26 +341,26 @@ def test_cells_of_a_container_environment_run_in_the_built_image(
     assert "-- python -m ptspeed cell --env torch-2.0 --model mlp" in cell
 
 
-def test_apptainer_cells_carry_the_digest_of_a_pinned_image(tmp_path: Path) -> None:
-    """The Apptainer path stays Snakemake's container directive; a digest-pinned image adds
-    PTSPEED_CONTAINER_DIGEST. Apptainer is not installed here: a stand-in answers --version,
-    which is all a dry run asks of it."""
-    stand_in = tmp_path / "bin/apptainer"
-    stand_in.parent.mkdir()
-    stand_in.write_text('#!/bin/sh\necho "apptainer version 1.3.6"\n')
-    stand_in.chmod(0o755)
-    config = container_config(tmp_path, runtime="apptainer")
+def test_apptainer_makes_the_sif_of_a_pinned_registry_image(tmp_path: Path) -> None:
+    """containers.images pull under --sdm apptainer: rule sif builds the image from the
+    registry by its digest, no engine is involved, and the cells run in that sif."""
+    config = container_config(tmp_path, runtime="apptainer", images="pull")
     config["environments"]["torch-2.0"]["container"] = (
         f"docker://ghcr.io/ptspeed/torch-2.0@{DIGEST}"
     )
     results = tmp_path / "results"
+    emulator = ROOT / "tests/fixtures/apptainer-emulator"
     output = snakemake(
         "-n", "-p", "--sdm", "apptainer", f"--configfile={write_config(tmp_path, config)}",
-        str(results / RECORD), path=f"{stand_in.parent}:{os.environ['PATH']}",
+        str(results / RECORD), path=f"{emulator}:{os.environ['PATH']}",
     )  # fmt: skip
     assert output.startswith("exit 0"), output[-4000:]
+    assert "ptspeed: images: apptainer build from the registry, by digest" in output
+    (sif,) = [line for line in output.splitlines() if "scripts/image.py sif" in line]
+    assert f"--source registry --uri docker://ghcr.io/ptspeed/torch-2.0@{DIGEST}" in sif
     (cell,) = [line for line in output.splitlines() if "-m ptspeed cell" in line]
-    assert f"PTSPEED_CONTAINER_DIGEST={DIGEST} python -m ptspeed cell" in cell
+    digest_file = results / "images/torch-2.0.sif.digest"
+    assert f'PTSPEED_CONTAINER_DIGEST="$(cat {digest_file})" python -m ptspeed cell' in cell
     assert "container_run.py" not in output and "rule image" not in output
 
 
@@ -426,7 +412,7 @@ def test_podman_builds_the_torch_2_0_image_and_runs_a_cell_in_it(tmp_path: Path)
     assert record["provenance"]["container_image"] == CI_IMAGE
     assert record["provenance"]["container_digest"] == manifest["digest"]
     assert record["provenance"]["torch"].startswith("2.0.1")
-    assert record["provenance"]["python"].startswith("3.11")
+    assert record["provenance"]["python"].startswith("3.10")
     assert record["provenance"]["git_commit"], "the host's commit goes into the container"
     # The cell ran as the caller, so the caller owns what it wrote.
     assert record_path.stat().st_uid == os.getuid()

@@ -20,10 +20,12 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from ptspeed.envbuild import find_uv
 from ptspeed.gpus import COUNT_VARIABLE, VISIBLE_DEVICES_VARIABLE
 from ptspeed.provenance import (
     CONTAINER_DIGEST_VARIABLE,
@@ -36,6 +38,11 @@ RUNTIMES = ("apptainer", *ENGINES)
 IMAGE_SOURCES = ("build", "pull")
 RECIPE = Path("docker/Dockerfile")
 INSTALL_SCRIPT = Path("docker/install.sh")
+UV_REQUIREMENTS = Path("docker/uv.txt")
+# What the recipe copies besides the environment's lock (stage_context).
+RECIPE_FILES = (INSTALL_SCRIPT, UV_REQUIREMENTS)
+# Where a podman build mounts the host's uv cache (docker/Dockerfile, ARG UV_CACHE_DIR).
+HOST_UV_CACHE_TARGET = "/var/cache/uv-host"
 CA_SECRET_ID = "ca_bundle"
 # Variables of the caller that a cell in a container must see: the GPU choice made by SLURM or
 # the user, the GPU lock directory shared by the cells of a node, the commit of the code.
@@ -45,11 +52,14 @@ DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
 ENGINE_TIMEOUT_S = 120
 
 
-SETTINGS_DEFAULTS = {
+SETTINGS_DEFAULTS: dict[str, object] = {
     "runtime": "apptainer",
     "images": "build",
-    "builder": "docker",
+    "builder": "auto",
     "ca_bundle": "",
+    "registry": "",
+    "push": False,
+    "image_dir": "",
 }
 
 
@@ -71,6 +81,8 @@ class BuildSpec:
     tag: str
     base_image: str = ""
     ca_bundle: Path | None = None
+    # The host's uv cache, mounted into the build so that its wheels are not downloaded again.
+    uv_cache: Path | None = None
 
     def build_arguments(self) -> dict[str, str]:
         text = self.requirements.read_text(encoding="utf-8")
@@ -112,16 +124,55 @@ class ImageManifest:
         return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
 
 
-def container_settings(config: Mapping[str, object]) -> dict[str, str]:
+def container_settings(config: Mapping[str, object]) -> dict[str, Any]:
     """The config's ``containers`` section with its defaults."""
     given = config.get("containers") or {}
     assert isinstance(given, Mapping)
-    return {**SETTINGS_DEFAULTS, **given}
+    settings = {**SETTINGS_DEFAULTS, **given}
+    # --config passes nested values as text.
+    settings["push"] = settings["push"] in (True, "true")
+    return settings
 
 
-def engine_for_images(settings: Mapping[str, str]) -> str:
-    """The engine that builds or pulls images: the runtime itself, or the builder for Apptainer."""
-    return settings["runtime"] if settings["runtime"] in ENGINES else settings["builder"]
+def engine_for_images(settings: Mapping[str, Any], usable: Callable[[str], bool]) -> str:
+    """The engine that builds or pulls images: the runtime itself; for Apptainer the builder,
+    or with builder auto the first usable of docker and podman (docker when neither is)."""
+    if settings["runtime"] in ENGINES:
+        return settings["runtime"]
+    if settings["builder"] in ENGINES:
+        return settings["builder"]
+    return next((engine for engine in ENGINES if usable(engine)), ENGINES[0])
+
+
+def engine_usable(engine: str) -> bool:
+    """Whether ``engine`` can build here: on PATH, and for docker its daemon answers (a docker
+    client without a daemon is common on clusters); podman needs no daemon."""
+    if shutil.which(engine) is None:
+        return False
+    if engine != "docker":
+        return True
+    try:
+        answer = subprocess.run(
+            [engine, "version", "--format", "{{.Server.Version}}"],
+            capture_output=True, check=False, timeout=15,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return False
+    return answer.returncode == 0
+
+
+def host_uv_cache() -> Path:
+    """The host's uv cache (``uv cache dir``; uv's default where uv is not installed)."""
+    uv = find_uv()
+    if uv:
+        answer = subprocess.run(
+            [uv, "cache", "dir"], capture_output=True, text=True, check=False, timeout=30
+        )
+        if answer.returncode == 0 and answer.stdout.strip():
+            return Path(answer.stdout.strip())
+    if os.environ.get("UV_CACHE_DIR"):
+        return Path(os.environ["UV_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "uv"
 
 
 def is_registry_reference(uri: str) -> bool:
@@ -132,30 +183,56 @@ def is_registry_reference(uri: str) -> bool:
     return not uri.endswith((".sif", ".simg"))
 
 
-def check_container_config(config: Mapping[str, object]) -> None:
-    """What the schema cannot say about containers; raises :class:`ContainerConfigError`."""
+def check_container_config(config: Mapping[str, object], in_apptainer: bool = False) -> None:
+    """What the schema cannot say about containers; raises :class:`ContainerConfigError`.
+    ``in_apptainer``: the run is under --use-singularity / --sdm apptainer."""
     settings = container_settings(config)
     bundle = settings["ca_bundle"]
     if bundle and not Path(bundle).expanduser().is_file():
         raise ContainerConfigError(f"containers.ca_bundle: {bundle!r} is not a file")
-    if settings["runtime"] not in ENGINES:
-        return
+    if settings["push"] and not settings["registry"]:
+        raise ContainerConfigError(
+            "containers.push: true needs containers.registry (e.g. registry.example.org/ptspeed)"
+        )
     environments = config["environments"]
     assert isinstance(environments, Mapping)
     for name, spec in environments.items():
-        if spec["kind"] != "container":
-            continue
-        uri = spec.get("container", "")
-        if not is_registry_reference(uri):
+        if spec["kind"] == "container" and not runs_in_image(spec, settings, in_apptainer):
             raise ContainerConfigError(
-                f"environments.{name}.container: {uri!r} is not an image reference that "
-                f"{settings['runtime']} can run (docker://name[:tag][@sha256:…] or name[:tag])"
+                f"environments.{name}: kind container with containers.runtime apptainer runs "
+                "only under --use-singularity (--sdm apptainer)"
             )
-        if settings["images"] == "build" and not (spec.get("requirements") and spec.get("python")):
-            raise ContainerConfigError(
-                f"environments.{name}: kind container with containers.images build needs "
-                "requirements and python (the lock and Python the image is built with)"
-            )
+        if runs_in_image(spec, settings, in_apptainer):
+            _check_image_source(name, spec, settings)
+
+
+def runs_in_image(spec: Mapping[str, Any], settings: Mapping[str, Any], in_apptainer: bool) -> bool:
+    """Whether an environment's cells run in its image: kind container under its runtime, or
+    any environment but the host under Apptainer."""
+    if settings["runtime"] == "apptainer":
+        return in_apptainer and spec["kind"] != "host"
+    return spec["kind"] == "container"
+
+
+def _check_image_source(name: str, spec: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
+    uri = spec.get("container", "")
+    if uri and not is_registry_reference(uri):
+        raise ContainerConfigError(
+            f"environments.{name}.container: {uri!r} is not an image reference "
+            "(docker://name[:tag][@sha256:…] or name[:tag])"
+        )
+    if settings["images"] == "build" and not (spec.get("requirements") and spec.get("python")):
+        raise ContainerConfigError(
+            f"environments.{name}: containers.images build needs requirements and python "
+            "(the lock and Python the image is built with)"
+        )
+    if settings["images"] == "pull" and not digest_of(uri):
+        registry = settings["registry"] or "registry.example.org/ptspeed"
+        raise ContainerConfigError(
+            f"environments.{name}.container: containers.images pull takes an image pinned by "
+            f"digest, e.g. docker://{registry}/{name}@sha256:… (a push prints them: "
+            f"config/README.md, containers.push); got {uri or 'none'!r}"
+        )
 
 
 def strip_scheme(uri: str) -> str:
@@ -190,7 +267,12 @@ def build_command(engine: str, spec: BuildSpec, context: Path, recipe: Path) -> 
     if engine == "podman":
         # Docker's image format keeps SHELL (the OCI format drops it).
         command += ["--format", "docker"]
-    for name, value in spec.build_arguments().items():
+    arguments = spec.build_arguments()
+    if engine == "podman" and spec.uv_cache is not None:
+        # Docker cannot mount a host directory into a build: it keeps its own cache mount.
+        command += ["--volume", f"{spec.uv_cache}:{HOST_UV_CACHE_TARGET}"]
+        arguments["UV_CACHE_DIR"] = HOST_UV_CACHE_TARGET
+    for name, value in arguments.items():
         command += ["--build-arg", f"{name}={value}"]
     if spec.ca_bundle is not None:
         command += ["--secret", f"id={CA_SECRET_ID},src={spec.ca_bundle}"]
@@ -199,20 +281,40 @@ def build_command(engine: str, spec: BuildSpec, context: Path, recipe: Path) -> 
 
 def stage_context(spec: BuildSpec, project: Path, destination: Path) -> Path:
     """A build context of only what the recipe copies (the project holds gigabytes of venvs)."""
-    for relative in (INSTALL_SCRIPT, Path("envs") / f"{spec.env}.txt"):
+    sources = {relative: project / relative for relative in RECIPE_FILES}
+    sources[Path("envs") / f"{spec.env}.txt"] = spec.requirements
+    for relative, source in sources.items():
         target = destination / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        source = project / INSTALL_SCRIPT if relative == INSTALL_SCRIPT else spec.requirements
         shutil.copy2(source, target)
     return destination
 
 
 def build_image(engine: str, spec: BuildSpec, project: Path) -> ImageManifest:
     """Build ``spec`` with ``engine`` (output streams to this process's stdout/stderr)."""
+    if spec.uv_cache is not None:
+        spec.uv_cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ptspeed-image-") as staging:
         context = stage_context(spec, project, Path(staging))
         _check_call(build_command(engine, spec, context, project / RECIPE), timeout=None)
     return inspect_image(engine, spec.env, spec.tag, "build", spec.base_image)
+
+
+def push_image(engine: str, manifest: ImageManifest, registry: str) -> str:
+    """Push the built image to ``registry`` and return its reference pinned by digest, the
+    form ``containers.images: pull`` takes."""
+    name = f"{registry.rstrip('/')}/{manifest.env}"
+    tag = f"{name}:{manifest.labels.get('io.ptspeed.lock-sha256', 'latest')[:16] or 'latest'}"
+    _check_call([engine, "tag", manifest.id, tag], timeout=ENGINE_TIMEOUT_S)
+    if engine == "podman":
+        with tempfile.TemporaryDirectory(prefix="ptspeed-push-") as scratch:
+            digest_file = Path(scratch) / "digest"
+            _check_call([engine, "push", "--digestfile", str(digest_file), tag], timeout=None)
+            digest = digest_file.read_text(encoding="utf-8").strip()
+    else:
+        _check_call([engine, "push", tag], timeout=None)
+        digest = inspect_image(engine, manifest.env, tag, "push").digest
+    return f"{name}@{digest}"
 
 
 def pull_image(engine: str, env: str, uri: str) -> ImageManifest:
@@ -231,11 +333,15 @@ def inspect_image(
     except (ValueError, IndexError, KeyError) as error:
         raise ContainerError(f"{engine} image inspect {reference}: unreadable answer") from error
     labels = (details.get("Config") or {}).get("Labels") or details.get("Labels") or {}
+    image_id = details["Id"] if details["Id"].startswith("sha256:") else f"sha256:{details['Id']}"
     return ImageManifest(
         env=env,
         image=reference,
-        id=details["Id"] if details["Id"].startswith("sha256:") else f"sha256:{details['Id']}",
-        digest=image_digest(details, reference),
+        id=image_id,
+        # A local build has no registry digest, and the manifest digest podman keeps for it
+        # changes whenever the same image is saved and loaded again (as rule sif does): its
+        # id, the digest of its configuration, names it exactly and for good.
+        digest=image_id if source == "build" else image_digest(details, reference),
         engine=engine,
         source=source,
         base_image=base_image or labels.get("org.opencontainers.image.base.name", ""),
@@ -261,27 +367,6 @@ def image_digest(details: Mapping[str, object], reference: str) -> str:
         return own
     image_id = str(details.get("Id", ""))
     return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
-
-
-def sif_commands(
-    engine: str | None, manifest: ImageManifest | None, sif: Path, definition: Path, spec: BuildSpec
-) -> list[list[str]]:
-    """How to make an Apptainer image: from the engine's image where there is one, else
-    bootstrapped by Apptainer from the same base with ``docker/ptspeed.def``."""
-    if engine and manifest:
-        archive = sif.with_suffix(".tar")
-        return [
-            [engine, "save", "--output", str(archive), manifest.image],
-            ["apptainer", "build", "--force", str(sif), f"docker-archive://{archive}"],
-            ["rm", "-f", str(archive)],
-        ]
-    command = ["apptainer", "build", "--force"]
-    arguments = {"PROJECT": str(definition.resolve().parents[1]), **spec.build_arguments()}
-    for name, value in arguments.items():
-        command += ["--build-arg", f"{name}={value}"]
-    if spec.ca_bundle is not None:
-        command += ["--bind", f"{spec.ca_bundle}:/run/secrets/{CA_SECRET_ID}"]
-    return [[*command, str(sif), str(definition)]]
 
 
 def run_command(

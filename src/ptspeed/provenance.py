@@ -49,6 +49,7 @@ def collect_base() -> Provenance:
         container_image=_container_image(),
         container_digest=_container_digest(),
         platform=f"{platform.system()} {platform.release()} {platform.machine()}",
+        os_release=os_release(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         gpu_assignment=os.environ.get(ASSIGNMENT_VARIABLE, ""),
         allocator_settings={v: os.environ[v] for v in ALLOCATOR_VARIABLES if v in os.environ},
@@ -66,7 +67,7 @@ def collect(torch: Any, device: Any) -> Provenance:
         index = device.index if device.index is not None else torch.cuda.current_device()
         provenance.device_index = index
         provenance.device_name = torch.cuda.get_device_name(index)
-        provenance.gpu_driver = _nvidia_driver()
+        provenance.gpu_driver = nvidia_driver_version()
         provenance.gpu_state = _gpu_state(index)
         provenance.nccl = _nccl_version(torch)
     else:
@@ -151,6 +152,19 @@ def _container_digest() -> str:
     return digest if separator and name and digest.startswith("sha256:") else ""
 
 
+def os_release(path: Path = Path("/etc/os-release")) -> str:
+    """PRETTY_NAME of the operating system (of the image, in a container), '' if unknown."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        name, _, value = line.partition("=")
+        if name == "PRETTY_NAME":
+            return value.strip().strip('"')
+    return ""
+
+
 def _run(command: list[str], cwd: Path | None = None) -> str | None:
     try:
         done = subprocess.run(
@@ -172,7 +186,8 @@ def git_state() -> tuple[str, bool | None]:
     return commit, bool(status) if status is not None else None
 
 
-def _nvidia_driver() -> str:
+def nvidia_driver_version() -> str:
+    """The NVIDIA driver's version as nvidia-smi prints it, '' without one."""
     output = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
     return output.splitlines()[0].strip() if output else ""
 

@@ -252,6 +252,11 @@ class Provenance:
         "Digest (sha256:…) of the container image, '' outside containers or when unknown.", ""
     )
     platform: str = _doc("OS and architecture.", "")
+    os_release: str = _doc(
+        "The operating system as /etc/os-release names it (PRETTY_NAME): inside a container, "
+        "the image's.",
+        "",
+    )
 
 
 @dataclass

@@ -1,5 +1,6 @@
 import functools
 import json
+import os
 import re
 import shlex
 import shutil
@@ -11,6 +12,7 @@ from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
+from ptspeed.apptainer import CELL_PYTHON
 from ptspeed.cluster import (
     check_cluster,
     check_gpu_limit,
@@ -23,8 +25,9 @@ from ptspeed.containers import (
     ContainerConfigError,
     check_container_config,
     container_settings,
-    digest_of,
     engine_for_images,
+    engine_usable,
+    runs_in_image,
 )
 from ptspeed.envbuild import lock_hash
 from ptspeed.gpus import check_variant_gpus
@@ -35,6 +38,7 @@ from ptspeed.matrix import (
     model_sizes,
     runtime_minutes,
 )
+from ptspeed.provenance import GIT_COMMIT_VARIABLE, git_state
 
 
 def detect_device_class(requested):
@@ -116,31 +120,36 @@ def record_paths(wildcards):
 RECORD_PATHS = [f"{RESULTS}/{cell.path}" for cell in CELLS]
 
 
+def in_apptainer():
+    """Whether this run is under --use-singularity / --sdm apptainer."""
+    methods = {str(m).lower() for m in workflow.deployment_settings.deployment_method}
+    return any("apptainer" in m or "singularity" in m for m in methods)
+
+
+IN_APPTAINER = in_apptainer()
 if workflow.is_main_process:
     try:
-        check_container_config(config)
+        check_container_config(config, IN_APPTAINER)
     except ContainerConfigError as exc:
         raise WorkflowError(f"config: {exc}") from None
 CONTAINERS = container_settings(config)
-IMAGE_ENGINE = engine_for_images(CONTAINERS)
+IMAGE_ENGINE = engine_for_images(CONTAINERS, engine_usable)
+# An image has no git to ask: the checkout's commit goes in as a variable of this process,
+# which Apptainer passes into the container (a param would rerun every cell after a commit).
+if IN_APPTAINER and not os.environ.get(GIT_COMMIT_VARIABLE):
+    os.environ[GIT_COMMIT_VARIABLE] = git_state()[0]
 
 
 def uses_container(env):
-    """Whether cells of ``env`` run in its image: kind container, or any env under
-    --use-singularity / --sdm apptainer when it names an image."""
-    deployment = {
-        str(m).lower() for m in workflow.deployment_settings.deployment_method
-    }
-    in_apptainer = any("apptainer" in m or "singularity" in m for m in deployment)
-    spec = ENVIRONMENTS[env]
-    return spec["kind"] == "container" or (in_apptainer and bool(spec.get("container")))
+    """Whether the cells of ``env`` run in its image (see ptspeed.containers.runs_in_image)."""
+    return runs_in_image(ENVIRONMENTS[env], CONTAINERS, IN_APPTAINER)
 
 
 def container_engine(env):
     """docker or podman when the cells of ``env`` run in ``docker run`` / ``podman run`` of the
     image the workflow built or pulled (kind container, containers.runtime docker or podman);
-    None when they do not (Snakemake's container directive or no container)."""
-    if ENVIRONMENTS[env]["kind"] == "container" and CONTAINERS["runtime"] in ENGINES:
+    None when they do not (Apptainer, or no container)."""
+    if uses_container(env) and CONTAINERS["runtime"] in ENGINES:
         return CONTAINERS["runtime"]
     return None
 
@@ -150,17 +159,22 @@ def image_manifest(env):
     return f"{RESULTS}/images/{env}.json"
 
 
-def workflow_sif(env):
-    """The Apptainer image rule sif makes, when the environment's container names it."""
-    path = f"{RESULTS}/images/{env}.sif"
-    return path if ENVIRONMENTS[env].get("container") == path else None
+def sif_path(env):
+    """The Apptainer image of the environment that rule sif makes and its cells run in."""
+    return f"{RESULTS}/images/{env}.sif"
+
+
+def sif_digest_path(env):
+    """The digest of that image (the built or pulled image's), which every record names."""
+    return f"{sif_path(env)}.digest"
 
 
 def env_container(wildcards):
+    """The cell's `container:`: the environment's Apptainer image, made by this workflow."""
     env = wildcards.env
-    if container_engine(env):
-        return None
-    return ENVIRONMENTS[env].get("container") if uses_container(env) else None
+    if uses_container(env) and not container_engine(env):
+        return sif_path(env)
+    return None
 
 
 def venv_dir(env):
@@ -170,12 +184,13 @@ def venv_dir(env):
 
 def env_ready_file(wildcards):
     """What a cell waits for: its venv (build_env), its image's manifest (docker or podman),
-    the Apptainer image the workflow makes, or nothing (host, a registry image)."""
+    its Apptainer image and digest (a DAG input: `container:` alone is not one), or nothing
+    (host)."""
     env = wildcards.env
     if container_engine(env):
         return image_manifest(env)
     if uses_container(env):
-        return workflow_sif(env) or []
+        return [sif_path(env), sif_digest_path(env)]
     if ENVIRONMENTS[env]["kind"] != "venv":
         return []
     return f"{RESULTS}/envs/{env}.json"
@@ -193,11 +208,18 @@ def interpreter(env):
     if engine:
         return container_launcher(env, engine)
     if uses_container(env):
-        digest = digest_of(ENVIRONMENTS[env].get("container", ""))
-        return f"PTSPEED_CONTAINER_DIGEST={digest} python" if digest else "python"
+        return apptainer_python(env)
     if ENVIRONMENTS[env]["kind"] == "host":
         return shlex.quote(sys.executable)
     return shlex.quote(str(Path(venv_dir(env)).resolve() / "bin" / "python"))
+
+
+def apptainer_python(env):
+    """The image's python as the cell's command inside the container starts it: blind to the
+    host's Python packages (ptspeed.apptainer.CELL_PYTHON), with the digest for the record.
+    """
+    digest = shlex.quote(sif_digest_path(env))
+    return f'{CELL_PYTHON} PTSPEED_CONTAINER_DIGEST="$(cat {digest})" python'
 
 
 def container_launcher(env, engine):

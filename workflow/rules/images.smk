@@ -1,9 +1,10 @@
 # Container images: one per environment, built by docker or podman from docker/Dockerfile with
-# the environment's lock, Python and base image, or pulled from a registry (config
-# containers.images). results/images/{env}.json names the image, its id and digest: the cells
-# of a container environment run that image (containers.runtime docker or podman), and rule sif
-# makes an Apptainer image of it, or bootstraps one from the same base (docker/ptspeed.def)
-# where there is no docker or podman. `snakemake images` builds or pulls them all.
+# the environment's lock, Python and base image, or pulled from a registry by digest (config
+# containers.images). results/images/{env}.json names the image, its id and digest. Under
+# --use-singularity / --sdm apptainer, rule sif makes results/images/{env}.sif of it (or
+# Apptainer builds it from docker/ptspeed.def where there is no docker or podman, or from the
+# registry) and the cells of that environment run in it: the sif is their input, so a changed
+# lock or recipe rebuilds exactly its image and reruns its cells. `snakemake images` makes them.
 
 
 include: "common_images.smk"
@@ -11,7 +12,7 @@ include: "common_images.smk"
 
 rule images:
     input:
-        [image_manifest(env) for env in image_environments()],
+        images_targets(),
     localrule: True
 
 
@@ -21,6 +22,7 @@ if CONTAINERS["images"] == "build":
         input:
             recipe="docker/Dockerfile",
             install="docker/install.sh",
+            uv="docker/uv.txt",
             requirements=image_requirements,
         output:
             manifest=f"{RESULTS}/images/{{env}}.json",
@@ -64,6 +66,7 @@ rule sif:
         unpack(sif_inputs),
     output:
         sif=f"{RESULTS}/images/{{env}}.sif",
+        digest=f"{RESULTS}/images/{{env}}.sif.digest",
     log:
         f"{RESULTS}/logs/images/{{env}}-sif.log",
     benchmark:
@@ -76,4 +79,4 @@ rule sif:
         options=sif_options,
     shell:
         "{params.python} scripts/image.py sif --env {wildcards.env} {params.options}"
-        " --requirements {input.requirements:q} --sif {output.sif:q} > {log:q} 2>&1"
+        " --sif {output.sif:q} --digest {output.digest:q} > {log:q} 2>&1"

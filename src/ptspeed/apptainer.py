@@ -1,0 +1,207 @@
+"""The environments' Apptainer images: how this machine makes them (chosen once), the commands
+that make ``<env>.sif``, the digest that names it in every record, the shared image directory
+that several checkouts reuse, and the check that the node's driver runs the image's CUDA.
+
+This module needs no torch and no Snakemake.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ptspeed.containers import (
+    CA_SECRET_ID,
+    ENGINES,
+    RECIPE,
+    RECIPE_FILES,
+    BuildSpec,
+    ContainerConfigError,
+    ImageManifest,
+    digest_of,
+)
+
+BUILDERS = ("auto", *ENGINES, "apptainer")
+DEFINITION = Path("docker/ptspeed.def")
+# Where docker/install.sh finds uv's cache in an Apptainer build (its default UV_CACHE_DIR).
+BUILD_UV_CACHE = "/var/cache/uv"
+# The oldest Linux driver of each CUDA toolkit release (NVIDIA's CUDA release notes, table 3).
+CUDA_MINIMUM_DRIVER = {
+    (11, 7): "515.43.04",
+    (11, 8): "520.61.05",
+    (12, 0): "525.60.13",
+    (12, 1): "530.30.02",
+    (12, 2): "535.54.03",
+    (12, 3): "545.23.06",
+    (12, 4): "550.54.14",
+    (12, 5): "555.42.02",
+    (12, 6): "560.28.03",
+    (12, 8): "570.124.06",
+    (12, 9): "575.51.03",
+    (13, 0): "580.65.06",
+}
+# How a cell's command starts the image's python: Apptainer passes the host's variables in, so
+# the ones that would bring the host's Python in (PYTHONHOME, a startup file, a user site) go;
+# PYTHONPATH is the cell rule's own (the suite's src/). The image's python is a venv's, which
+# ignores the user site anyway (the bound $HOME's ~/.local).
+CELL_PYTHON = "env -u PYTHONHOME -u PYTHONSTARTUP PYTHONNOUSERSITE=1"
+CUDA_IN_BASE = re.compile(r"cuda:(\d+)\.(\d+)")
+NO_BUILDER = (
+    "containers: nothing here builds the images (no docker, podman or apptainer): "
+    "install Apptainer (it builds docker/ptspeed.def with --fakeroot), or set "
+    "containers.images: pull with containers.registry holding the images, pinned by digest"
+)
+
+
+@dataclass(frozen=True)
+class SifPlan:
+    """Where ``<env>.sif`` comes from: ``image`` (the engine's build of docker/Dockerfile),
+    ``definition`` (``apptainer build --fakeroot`` of docker/ptspeed.def) or ``registry``
+    (``apptainer build`` of the pinned reference)."""
+
+    source: str
+    engine: str | None = None
+
+    def describe(self) -> str:
+        if self.source == "image":
+            via = "docker-daemon" if self.engine == "docker" else "a docker archive"
+            return (
+                f"images: {self.engine} build of docker/Dockerfile, then apptainer build "
+                f"from {via} -> <env>.sif"
+            )
+        if self.source == "definition":
+            return "images: apptainer build --fakeroot of docker/ptspeed.def -> <env>.sif"
+        return "images: apptainer build from the registry, by digest -> <env>.sif"
+
+
+def plan_sif(
+    settings: Mapping[str, Any],
+    usable: Callable[[str], bool],
+    which: Callable[[str], str | None] = shutil.which,
+) -> SifPlan:
+    """How this machine makes the Apptainer images, in the order of preference: docker or
+    podman (``usable``: ptspeed.containers.engine_usable) then Apptainer, else Apptainer
+    alone; raises :class:`ContainerConfigError`."""
+    if settings["images"] == "pull":
+        return SifPlan("registry")
+    builder = settings["builder"]
+    if builder not in BUILDERS:
+        raise ContainerConfigError(
+            f"containers.builder: {builder!r} is not one of {', '.join(BUILDERS)}"
+        )
+    if builder in ENGINES:
+        if not usable(builder):
+            raise ContainerConfigError(
+                f"containers.builder: {builder} is not on PATH or its daemon does not answer"
+            )
+        return SifPlan("image", builder)
+    if builder == "auto":
+        engine = next((engine for engine in ENGINES if usable(engine)), None)
+        if engine:
+            return SifPlan("image", engine)
+    if which("apptainer"):
+        return SifPlan("definition")
+    raise ContainerConfigError(
+        NO_BUILDER if builder == "auto" else "containers.builder: apptainer is not on PATH"
+    )
+
+
+def sif_commands(
+    plan: SifPlan,
+    sif: Path,
+    spec: BuildSpec | None,
+    project: Path,
+    manifest: ImageManifest | None = None,
+    reference: str = "",
+) -> list[list[str]]:
+    """The commands that write ``sif``."""
+    build = ["apptainer", "build", "--force"]
+    if plan.source == "registry":
+        return [[*build, str(sif), f"docker://{reference.split('://', 1)[-1]}"]]
+    if plan.source == "image":
+        assert manifest is not None and plan.engine is not None
+        if plan.engine == "docker":
+            return [[*build, str(sif), f"docker-daemon:{manifest.image}"]]
+        archive = sif.with_name(f"{sif.name}.tar")
+        return [
+            [plan.engine, "save", "--format", "docker-archive", "--output", str(archive),
+             manifest.image],
+            [*build, str(sif), f"docker-archive:{archive}"],
+            ["rm", "-f", str(archive)],
+        ]  # fmt: skip
+    assert spec is not None
+    if os.geteuid() != 0:
+        build.append("--fakeroot")
+    for name, value in {"PROJECT": str(project), **spec.build_arguments()}.items():
+        build += ["--build-arg", f"{name}={value}"]
+    if spec.ca_bundle is not None:
+        build += ["--bind", f"{spec.ca_bundle}:/run/secrets/{CA_SECRET_ID}"]
+    if spec.uv_cache is not None:
+        build += ["--bind", f"{spec.uv_cache}:{BUILD_UV_CACHE}"]
+    return [[*build, str(sif), str(project / DEFINITION)]]
+
+
+def sif_digest(
+    plan: SifPlan, sif: Path, manifest: ImageManifest | None = None, reference: str = ""
+) -> str:
+    """The digest a record names: the image's (built or pulled) that the SIF was made from;
+    for a SIF bootstrapped from the definition, the sha256 of the SIF file itself."""
+    if plan.source == "image" and manifest is not None:
+        return manifest.digest
+    if plan.source == "registry":
+        return digest_of(reference)
+    digest = hashlib.sha256()
+    with open(sif, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def image_key(spec: BuildSpec, project: Path) -> str:
+    """16 hex digits naming what an image is built from (recipes, lock, base, Python): the
+    name of its files in a shared image directory, so that checkouts with the same inputs share
+    them and a changed input never meets an old image."""
+    digest = hashlib.sha256()
+    for path in (project / RECIPE, project / DEFINITION, *(project / f for f in RECIPE_FILES)):
+        digest.update(path.read_bytes())
+    digest.update(spec.requirements.read_bytes())
+    digest.update(f"{spec.base_image}\0{spec.python}".encode())
+    return digest.hexdigest()[:16]
+
+
+def default_base_image(project: Path) -> str:
+    """The base docker/Dockerfile builds on when an environment names none."""
+    for line in (project / RECIPE).read_text(encoding="utf-8").splitlines():
+        if line.startswith("ARG BASE_IMAGE="):
+            return line.split("=", 1)[1].strip()
+    return ""
+
+
+def check_driver(env: str, base_image: str, driver: str) -> None:
+    """Refuse an image whose CUDA base needs a newer driver than the node's (``driver``, as
+    nvidia-smi prints it); a base without a CUDA version in its name passes."""
+    match = CUDA_IN_BASE.search(base_image)
+    if not match or not driver:
+        return
+    cuda = (int(match.group(1)), int(match.group(2)))
+    older = [version for version in CUDA_MINIMUM_DRIVER if version <= cuda]
+    if not older:
+        return
+    minimum = CUDA_MINIMUM_DRIVER[max(older)]
+    if _version(driver) < _version(minimum):
+        raise ContainerConfigError(
+            f"environments.{env}: its image's base has CUDA {cuda[0]}.{cuda[1]} "
+            f"({base_image.split('@')[0]}), which needs an NVIDIA driver >= {minimum}; this "
+            f"node's driver is {driver}: set environments.{env}.base_image to an older CUDA "
+            "base, or run on a node with a newer driver"
+        )
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text))
