@@ -105,13 +105,17 @@ def test_fault_free_cells_pass_the_gate(
     assert record.numerics.compared == "loss, gradients, update"
 
 
-def test_a_late_fault_leaves_the_checked_steps_right() -> None:
-    spec = tiny_cell("mlp", "loader=0", warmup_steps=2, measured_steps=2, numerics_steps=2)
-    right = run_cell(spec)
-    late = run_cell(tiny_cell("mlp", "loader=0", warmup_steps=2, measured_steps=2, fault="late"))
-    assert late.status == "ok", late.reason
+def test_a_late_fault_is_caught_by_the_check_after_the_measured_window() -> None:
+    steps = {"warmup_steps": 2, "measured_steps": 2, "numerics_steps": 2}
+    right = run_cell(tiny_cell("mlp", "loader=0", **steps))
+    late = run_cell(tiny_cell("mlp", "loader=0", fault="late", **steps))
     assert late.metrics.loss_first == right.metrics.loss_first
     assert late.metrics.loss_last == pytest.approx(right.metrics.loss_last * 1.1, rel=1e-6)
+    # The two steps after the one-off work are right; the step after the window is not.
+    assert late.numerics.check_steps == right.numerics.check_steps == 3
+    assert late.numerics.variant_values[:2] == right.numerics.variant_values[:2]
+    assert late.status == "numerics_mismatch", late.reason
+    assert late.reason.startswith("loss differs from eager fp64 by 0.1")
 
 
 def test_a_non_finite_loss_is_shown_as_non_finite_and_fails() -> None:

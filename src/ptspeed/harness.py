@@ -204,7 +204,7 @@ def _measure_variant(
     step = make_step(model_spec, model, step_knobs, spec.mode, device, fault=fault)
     capture = CheckCapture(model, step, placement, spec.mode, device, parameter_names)
     plan = WarmupPlan.of(spec, step.one_off_calls, checks=_wants_check(spec, knobs))
-    next_batch = batch_supplier(host_batch, knobs, device, plan.longest + spec.measured_steps)
+    next_batch = batch_supplier(host_batch, knobs, device, plan.longest + spec.measured_steps + 1)
     _reset_peak_memory(device)
     # The steps draw random numbers (dropout, detection samplers): start them from the same
     # state as the eager references, whatever the loader drew before.
@@ -217,7 +217,7 @@ def _measure_variant(
     placement.barrier()
     warmup = _warm_up(plan, run_step, capture, timer, fault)
     placement.barrier()
-    indices = iter(range(warmup.steps_run, warmup.steps_run + spec.measured_steps))
+    indices = iter(range(warmup.steps_run, warmup.steps_run + spec.measured_steps + 1))
 
     def measured_step() -> Any:
         if fault in OUTPUT_FAULTS:
@@ -226,6 +226,11 @@ def _measure_variant(
 
     timing, last_output = timed_loop(make_timer(torch, device), measured_step, spec.measured_steps)
     memory_bytes, memory_kind = _peak_memory(device)
+    checks = warmup.checks
+    if plan.check_count:
+        # One more step, after the measured window, checked from its own snapshot: a variant
+        # that went wrong during the measurement (a recompilation mid-run) is caught here.
+        checks = [*checks, *_checked_step(capture, run_step, next(indices))]
     metrics = Metrics(
         throughput_samples_per_s=timing.throughput(spec.batch_size),
         measured_wall_s=timing.wall_s,
@@ -246,7 +251,7 @@ def _measure_variant(
     if spec.mode == "train":
         metrics.loss_first = finite_or_none(warmup.first_loss)
         metrics.loss_last = finite_or_none(float(last_output.float().item()))
-    return VariantRun(metrics=metrics, checks=warmup.checks, check_from=plan.check_from)
+    return VariantRun(metrics=metrics, checks=checks, check_from=plan.check_from)
 
 
 def _wants_check(spec: CellSpec, knobs: Knobs) -> bool:
@@ -329,6 +334,14 @@ def _warm_up(
         one_off_steps=max(1, plan.check_from, last_compiling + 1),
         checks=checks,
     )
+
+
+def _checked_step(
+    capture: CheckCapture, run_step: Callable[[int], Any], index: int
+) -> list[tuple[Snapshot, numerics.StepValues]]:
+    snapshot = capture.before()
+    values = capture.after(snapshot, run_step(index))
+    return [] if values is None else [(snapshot, values)]
 
 
 def _loss_of(output: Any) -> float | None:

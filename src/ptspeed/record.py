@@ -169,7 +169,11 @@ class NumericsCheck:
         "",
     )
     tolerance: Optional[float] = _doc("Relative error accepted for this precision.", None)
-    check_steps: int = _doc("Steps checked (each from its own snapshot).", 0)
+    check_steps: int = _doc(
+        "Steps checked, each from its own snapshot: the first numerics_steps after the knob's "
+        "one-off work, and one more after the measured window.",
+        0,
+    )
     first_check_step: Optional[int] = _doc(
         "Index (from 0) of the first checked step: after the knob's one-off calls.", None
     )
