@@ -56,8 +56,9 @@ def test_a_capture_on_the_fourth_call_ends_before_the_measured_window(
     metrics = record.metrics
     assert metrics.warmup_steps_run == 6 and metrics.one_off_steps == 4
     assert record.numerics.first_check_step == 4  # values of steady steps, not the one-off ones
-    measured = calls[metrics.warmup_steps_run :]
+    measured = calls[metrics.warmup_steps_run : metrics.warmup_steps_run + 3]
     assert measured == ["steady"] * 3
+    assert len(calls) == 6 + 3 + 1  # and one checked step after the window
 
 
 def test_a_step_that_still_compiles_extends_the_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
