@@ -23,6 +23,7 @@ from ptspeed.aggregate import (
     SUMMARY_COLUMNS,
     read_table,
 )
+from ptspeed.late_numerics import LATE_TOLERANCES
 from ptspeed.numerics import TOLERANCES
 from ptspeed.report import (
     NOISY_HEADERS,
@@ -176,7 +177,9 @@ def expected_seed_row(row: dict[str, Any]) -> list[str]:
         format_int(row["batch_size"]),
         format_rate(row["baseline_samples_per_s"], row["baseline_trials"]),
         format_rate(row["candidate_samples_per_s"], row["candidate_trials"]),
-        format_speedup_interval(row["speedup"], row["speedup_low"], row["speedup_high"]),
+        format_speedup_interval(
+            row["speedup"], row["speedup_low"], row["speedup_high"], row["speedup_confidence"]
+        ),
         format_published(
             row["published_speedup"], row["published_baseline"], row["published_candidate"]
         ),
@@ -265,11 +268,12 @@ def test_seed_table_rows_for_the_fixture(markdown: str) -> None:
         "8",
         "110.0 (n=3)",
         "165.0 (n=2)",
-        "×1.50 (+50%) [1.25–1.80]",
+        "×1.50 (+50%) [1.25–1.80] 80%",  # 3 and 2 trials: all pairs cover 1 - 2 / C(5, 2)
         "×1.48 (+48%); 125.0 → 185.0 samples/s",
-        "consistent with the claim: measured on Test CPU (cpu), fp32",
+        "consistent with the claim: measured on Test CPU (cpu), fp32; interval at 80% "
+        "confidence (3 and 2 ok trials cannot reach 95%)",
     ]
-    assert first[2][5] == "×2.00 (+100%) [no interval]"  # one candidate trial
+    assert first[2][5] == "×2.01 (+101%) [no interval]"  # one candidate trial
     assert first[3][3:6] == ["40.0 (n=1)", "— (n=0)", "—"]
     assert first[3][7] == (
         "not measured: no ok trials: candidate (torch-2.0/compile: unsupported:1 missing:1)"
@@ -421,8 +425,11 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
     [table] = markdown_tables(text)
     rows = {row[0]: row[1] for row in table[1:]}
     assert rows["device class"] == "cpu"
-    assert "10,000 resamples, seed 0" in rows["speedup interval"]
+    assert "Moses" in rows["speedup interval"]
+    assert "4 ok trials a side reach 95%" in rows["speedup interval"]
     assert "Mann–Whitney" in rows["significance"]
+    assert "Hodges–Lehmann" in rows["speedup"]
+    assert f"fp32 {LATE_TOLERANCES['fp32']:.1%}" in rows["late numerics check"]
     assert rows["noisy"] == "cv > 5% or median interval half-width > 10% of the median"
     for precision, tolerance in TOLERANCES.items():
         assert f"{precision} {tolerance:.0%}" in rows["numerics tolerance"]
@@ -434,6 +441,21 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
     assert configured["warm-up steps"] == "3 (the first holds compilation)"
     assert configured["measured steps"] == "10"
     assert configured["numerics steps"] == "2 leading steps checked"
+    assert configured["speedup interval"].endswith("this run's 5 trials a side give 96.8%")
+    assert configured["significance"].endswith("p cannot fall below 2 / C(10, 5) = 0.0079")
+    assert configured["TF32 and cudnn.benchmark"].startswith("not recorded")
+
+
+def test_method_section_says_what_three_trials_cannot_do() -> None:
+    config = {**CONFIG, "trials": 3}
+    frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
+    sections = report.build_sections(report.ReportInputs(*frames, config, CLAIMS))
+    [method] = [s for s in sections if s.id == "method"]
+    configured = {row[0]: row[1] for row in method.blocks[0].table.rows}
+    assert configured["speedup interval"].endswith("this run's 3 trials a side give 90.0%")
+    assert configured["significance"].endswith(
+        "p cannot fall below 2 / C(6, 3) = 0.1, so no difference can be significant"
+    )
 
 
 # --- the page ------------------------------------------------------------------------------------
@@ -575,6 +597,9 @@ def test_format_speedup_interval() -> None:
     assert format_speedup_interval(1.5, 1.25, 1.8) == "×1.50 (+50%) [1.25–1.80]"
     assert format_speedup_interval(2.0, math.nan, math.nan) == "×2.00 (+100%) [no interval]"
     assert format_speedup_interval(math.nan, 1.0, 2.0) == "—"
+    assert format_speedup_interval(1.34, 1.1, 1.52, 0.9) == "×1.34 (+34%) [1.10–1.52] 90%"
+    assert format_speedup_interval(1.34, 1.1, 1.52, 0.971) == "×1.34 (+34%) [1.10–1.52]"
+    assert format_speedup_interval(1.34, 1.1, 1.52, math.nan) == "×1.34 (+34%) [1.10–1.52]"
 
 
 # --- the command line ----------------------------------------------------------------------------

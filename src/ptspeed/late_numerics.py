@@ -1,0 +1,164 @@
+"""The late numerics check: each train-mode variant's last loss against eager's, in aggregation.
+
+A cell checks its variant against eager only over its leading steps (``numerics_steps``); a
+variant that goes wrong later (a recompilation mid-run, a graph replayed with stale inputs)
+would pass. Running a second reference per cell would double its cost, but the eager cell of
+the same environment, model, mode, sizes and seed already ran the same seeded trajectory: same
+weights, same batches, same optimizer, as many steps. So aggregation holds each variant's
+``metrics.loss_last`` (the loss of the last measured step) against the median ``loss_last`` of
+that eager cell's ok trials:
+
+* relative error ``|loss_last - reference| / |reference|`` within :data:`LATE_TOLERANCES` of
+  the variant's precision: ``late_check`` is ``passed``;
+* beyond it, or a recorded loss that is not finite (NaN or infinite, in any cell, eager
+  included): the trial's status becomes ``numerics_mismatch`` with the reason, so that it
+  leaves the medians and speedups as a fast wrong answer must, and the report lists it among
+  the failures;
+* no ok eager trial to compare with, no recorded loss, or a precision without a tolerance:
+  ``late_check`` says ``not checked: <why>`` and the trial stays ok.
+
+Eager trials are the reference themselves (``late_check`` is ``reference``). Infer-mode and
+non-ok trials are not checked (``late_check`` blank).
+
+The tolerances come from measured spreads, not guesses: see :data:`LATE_TOLERANCES`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from ptspeed.knobs import BadInput, parse_knobs
+
+NUMERICS_MISMATCH = "numerics_mismatch"
+REFERENCE_KNOBS = "eager"
+MATCH_KEYS = ["env", "model", "mode", "batch_size", "image_size", "seq_len", "seed"]
+LATE_COLUMNS = ["late_reference_loss", "late_loss_error", "late_allowed_error", "late_check"]
+
+LATE_TOLERANCES: Mapping[str, float] = {"fp32": 0.01, "bf16": 0.03, "fp16": 0.03}
+"""Relative error of a variant's last loss against eager's that a correct variant stays within.
+
+Measured on the CPU (torch 2.14.1, the default CPU sizes, 3 warm-up + 10 measured steps,
+seeds 0-2): correct variants' ``loss_last`` against eager's differed by at most (see the
+project note) fp32 (compile, channels_last) ... and bf16 autocast ...; the ``late`` fault
+(every step's loss x 1.1 after the checked steps) is 10 % off. fp16 (CUDA only, with a
+GradScaler that may skip early steps) was not measurable here and takes bf16's allowance.
+"""
+
+PASSED = "passed"
+REFERENCE = "reference"
+MISMATCH = "mismatch"
+NOT_CHECKED = "not checked"
+
+
+def recorded_late_check(loss_last: Any) -> str:
+    """``late_check`` as far as the record alone tells: a mismatch for a non-finite last loss,
+    else ``""`` (to be decided against eager by :func:`check_late_losses`)."""
+    shown = non_finite_loss(loss_last)
+    return f"{MISMATCH}: the last loss is not finite ({shown})" if shown else ""
+
+
+def non_finite_loss(value: Any) -> str:
+    """The recorded form of a non-finite loss (``"nan"``, ``"inf"``…), else ``""``: a float
+    NaN or infinity (JSON ``NaN``/``Infinity``) or a text naming one. ``None`` (not recorded)
+    is not a non-finite loss."""
+    if isinstance(value, bool) or value is None:
+        return ""
+    if isinstance(value, (int, float)):
+        return "" if math.isfinite(value) else str(float(value))
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return ""
+        return "" if math.isfinite(number) else value
+    return ""
+
+
+def precision_of(recorded: Any, knobs: Any, device_class: str) -> str:
+    """The precision a run computed in: as its numerics check recorded it, else from its knobs
+    (eager fp32 is not checked, being the reference itself)."""
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    try:
+        return parse_knobs(str(knobs)).precision(device_class)
+    except BadInput:
+        return "unknown"
+
+
+def check_late_losses(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with :data:`LATE_COLUMNS` filled and late mismatches turned into
+    ``numerics_mismatch`` trials (reason given). ``late_check`` may already hold a
+    non-finite loss found while reading the record (:func:`non_finite_loss`)."""
+    runs = runs.copy()
+    for column in LATE_COLUMNS[:-1]:
+        runs[column] = math.nan
+    if "late_check" not in runs.columns:
+        runs["late_check"] = ""
+    train_ok = (runs["status"] == "ok") & (runs["mode"] == "train")
+    recorded = runs["late_check"].astype(object)
+    runs["late_check"] = recorded.where(train_ok & recorded.notna(), "")
+    references = _reference_losses(runs[train_ok])
+    for position in train_ok.to_numpy().nonzero()[0]:
+        row = runs.iloc[position]
+        outcome = _late_outcome(row, references.get(_key(row)))
+        for column, value in outcome.items():
+            runs.iat[position, runs.columns.get_loc(column)] = value
+    return runs
+
+
+def _reference_losses(train_ok: pd.DataFrame) -> dict[tuple[Any, ...], float]:
+    eager = train_ok[(train_ok["knobs"] == REFERENCE_KNOBS) & train_ok["loss_last"].notna()]
+    eager = eager[~eager["late_check"].fillna("").astype(str).str.startswith(MISMATCH)]
+    medians = eager.groupby(MATCH_KEYS, dropna=False)["loss_last"].median()
+    return {_plain_key(key): float(value) for key, value in medians.items()}
+
+
+def _key(row: pd.Series) -> tuple[Any, ...]:
+    return _plain_key(tuple(row[key] for key in MATCH_KEYS))
+
+
+def _plain_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(None if pd.isna(v) else v for v in key)
+
+
+def _late_outcome(row: pd.Series, reference: float | None) -> dict[str, Any]:
+    recorded = str(row["late_check"] or "")
+    if recorded.startswith(MISMATCH):  # a non-finite loss, found while reading the record
+        why = recorded.removeprefix(f"{MISMATCH}: ")
+        return _mismatch(row, recorded, f"late numerics check: {why}")
+    if row["knobs"] == REFERENCE_KNOBS:
+        return {"late_check": REFERENCE, "late_reference_loss": reference}
+    if reference is None:
+        return {"late_check": f"{NOT_CHECKED}: no ok eager trial of this environment, model, "
+                "sizes and seed"}  # fmt: skip
+    loss = row["loss_last"]
+    if pd.isna(loss):
+        return {"late_check": f"{NOT_CHECKED}: no last loss recorded"}
+    device_class = "cpu" if pd.isna(row["device_index"]) else "cuda"
+    precision = precision_of(row["numerics_precision"], row["knobs"], device_class)
+    allowed = LATE_TOLERANCES.get(precision)
+    if allowed is None:
+        return {"late_check": f"{NOT_CHECKED}: no late tolerance for precision {precision}"}
+    error = abs(loss - reference) / abs(reference) if reference else abs(loss)
+    outcome = {
+        "late_reference_loss": reference,
+        "late_loss_error": error,
+        "late_allowed_error": allowed,
+        "late_check": PASSED,
+    }
+    if error <= allowed:
+        return outcome
+    why = (
+        f"late numerics check: last loss {loss:.6g} is {error:.2%} from the eager cell's "
+        f"{reference:.6g} (allowed {allowed:.1%} at {precision})"
+    )
+    return {**outcome, **_mismatch(row, MISMATCH, why)}
+
+
+def _mismatch(row: pd.Series, check: str, why: str) -> dict[str, Any]:
+    reason = f"{row['reason']}; {why}" if isinstance(row["reason"], str) and row["reason"] else why
+    return {"late_check": check, "status": NUMERICS_MISMATCH, "reason": reason}
