@@ -4,7 +4,9 @@
   *steps* frame, one row per measured step of an ``ok`` record. A file that cannot be read as a
   record becomes a row with status ``unreadable``, and a listed path with no file a row with
   status ``missing``, instead of an exception: one bad file never hides the rest of a run, and
-  the report can name what is absent. Where the path follows the workflow's layout
+  the report can name what is absent. Train-mode trials then get the late numerics check
+  (:mod:`ptspeed.late_numerics`): a last loss that strays from the same environment's eager
+  cell makes the trial ``numerics_mismatch``. Where the path follows the workflow's layout
   (``records/<env>/<model>/<variant>/<mode>/<size>/trial<N>.json``) such rows carry the cell.
 * :func:`summarise` groups the runs by cell (environment, model, variant, mode, sizes) and gives
   trial counts, the median throughput of the ``ok`` trials with its confidence interval, and a
