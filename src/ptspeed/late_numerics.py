@@ -102,12 +102,25 @@ def check_late_losses(runs: pd.DataFrame) -> pd.DataFrame:
     recorded = runs["late_check"].astype(object)
     runs["late_check"] = recorded.where(train_ok & recorded.notna(), "")
     references = _reference_losses(runs[train_ok])
-    for position in train_ok.to_numpy().nonzero()[0]:
-        row = runs.iloc[position]
-        outcome = _late_outcome(row, references.get(_key(row)))
-        for column, value in outcome.items():
-            runs.iat[position, runs.columns.get_loc(column)] = value
+    rows = runs.loc[train_ok, _INPUTS].to_dict("records")
+    outcomes = [_late_outcome(row, references.get(_key(row))) for row in rows]
+    updates = pd.DataFrame(outcomes, index=runs.index[train_ok])
+    for column in updates.columns:
+        given = updates[column].notna()
+        runs.loc[updates.index[given], column] = updates.loc[given, column]
     return runs
+
+
+_INPUTS = [
+    *MATCH_KEYS,
+    "status",
+    "reason",
+    "knobs",
+    "loss_last",
+    "late_check",
+    "numerics_precision",
+    "device_index",
+]
 
 
 def _reference_losses(train_ok: pd.DataFrame) -> dict[tuple[Any, ...], float]:
@@ -117,7 +130,7 @@ def _reference_losses(train_ok: pd.DataFrame) -> dict[tuple[Any, ...], float]:
     return {_plain_key(key): float(value) for key, value in medians.items()}
 
 
-def _key(row: pd.Series) -> tuple[Any, ...]:
+def _key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return _plain_key(tuple(row[key] for key in MATCH_KEYS))
 
 
@@ -125,7 +138,7 @@ def _plain_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(None if pd.isna(v) else v for v in key)
 
 
-def _late_outcome(row: pd.Series, reference: float | None) -> dict[str, Any]:
+def _late_outcome(row: Mapping[str, Any], reference: float | None) -> dict[str, Any]:
     recorded = str(row["late_check"] or "")
     if recorded.startswith(MISMATCH):  # a non-finite loss, found while reading the record
         why = recorded.removeprefix(f"{MISMATCH}: ")
@@ -159,6 +172,6 @@ def _late_outcome(row: pd.Series, reference: float | None) -> dict[str, Any]:
     return {**outcome, **_mismatch(row, MISMATCH, why)}
 
 
-def _mismatch(row: pd.Series, check: str, why: str) -> dict[str, Any]:
+def _mismatch(row: Mapping[str, Any], check: str, why: str) -> dict[str, Any]:
     reason = f"{row['reason']}; {why}" if isinstance(row["reason"], str) and row["reason"] else why
     return {"late_check": check, "status": NUMERICS_MISMATCH, "reason": reason}
