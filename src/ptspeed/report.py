@@ -685,7 +685,8 @@ def _speedup_interval_method(config: Mapping[str, Any]) -> str:
         "Mann–Whitney test: from the k-th smallest to the k-th largest pairwise ratio, k the "
         f"largest rank whose exact coverage 1 − 2 P(U ≤ k − 1) reaches {CONFIDENCE:.0%}; "
         f"{needed} ok trials a side reach {CONFIDENCE:.0%}; with fewer the widest interval (all "
-        "pairs) is shown with the confidence it has"
+        "pairs) is shown with the confidence it has. Exact when both sides' noise has one shape "
+        "(a shift of log throughput); it covers somewhat less where their spreads differ widely"
     )
     trials = _configured_trials(config)
     if trials is None or trials < 2:

@@ -290,6 +290,15 @@ def speedup(
       exact coverage ``1 - 2 / C(n_b + n_c, n_b)``: 0.90 with 3 trials a side; 4 a side
       reach 0.971. The null distribution of U is :func:`mann_whitney_u_counts`.
 
+    The coverage is exact when the two sides' log throughputs differ by a shift (multiplicative
+    noise of one shape on both sides), whatever that shape. Simulated with 10,000 lognormal
+    pairs of samples (sigma 0.1, true ratio exp(0.3)), the share of intervals covering the
+    true ratio was 0.9005 at 3 against 3 (stated 0.900), 0.972 at 4 against 4 (0.971), 0.971 at
+    5 (0.968), 0.957 at 6 (0.959), 0.963 at 3 against 5 (0.964), and 0.969 at 5 with one-sided
+    interference added to both sides (0.968). Where the sides' spreads differ a lot it covers
+    less than stated: 0.954 at 5 against 5 and 0.861 at 3 against 3 with sigma 0.05 against
+    0.15 (stated 0.968, 0.900).
+
     The p-value is ``scipy.stats.mannwhitneyu`` (two-sided), ``method="exact"`` when no value
     is tied and ``method="asymptotic"`` (normal, tie-corrected, continuity-corrected)
     otherwise; it cannot fall below :func:`smallest_p_value`. A speedup is ``significant``
