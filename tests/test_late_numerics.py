@@ -14,7 +14,12 @@ import pytest
 from test_aggregate import make_record
 
 from ptspeed.aggregate import load_tables, read_table, summarise
-from ptspeed.late_numerics import LATE_TOLERANCES, non_finite_loss
+from ptspeed.late_numerics import (
+    LATE_MODEL_ALLOWANCES,
+    LATE_TOLERANCES,
+    allowed_error,
+    non_finite_loss,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EAGER_LOSS = 1.788334846496582  # mlp, seed 0, 13 steps: eager's last loss measured on the CPU
@@ -32,9 +37,10 @@ def write(
     mode: str = "train",
     first_step_s: float | None = None,
     compiler_cache: str | None = None,
+    model: str = "gpt2",
 ) -> Path:
-    """A resnet50 record of ``variant`` with the given last loss (anything JSON can hold)."""
-    record = make_record(env, "resnet50", variant, trial, "ok", 100.0 + trial)
+    """A record of ``variant`` with the given last loss (anything JSON can hold)."""
+    record = make_record(env, model, variant, trial, "ok", 100.0 + trial)
     record.cell.knobs = knobs or variant
     record.cell.mode = mode
     data = record.to_dict()
@@ -43,7 +49,7 @@ def write(
         data["metrics"]["first_step_s"] = first_step_s
     if compiler_cache is not None:
         data["metrics"]["compiler_cache"] = compiler_cache
-    path = directory / f"{env}_{variant}_{mode}_{trial}.json"
+    path = directory / f"{env}_{model}_{variant}_{mode}_{trial}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, allow_nan=True), encoding="utf-8")
     return path
@@ -56,8 +62,8 @@ def row_of(runs: pd.DataFrame, env: str, variant: str, trial: int = 0) -> dict[s
     return row
 
 
-def eager_trials(directory: Path, env: str = "torch-2.0") -> list[Path]:
-    return [write(directory, env, "eager", trial, EAGER_LOSS) for trial in range(3)]
+def eager_trials(directory: Path, env: str = "torch-2.0", **kwargs: Any) -> list[Path]:
+    return [write(directory, env, "eager", trial, EAGER_LOSS, **kwargs) for trial in range(3)]
 
 
 def test_a_correct_variant_passes_and_stays_ok(tmp_path: Path) -> None:
@@ -113,8 +119,36 @@ def test_the_allowance_follows_the_precision(
     assert row["status"] == ("ok" if allowed == "bf16" else "numerics_mismatch")
 
 
-def test_every_tolerance_catches_the_late_fault() -> None:
-    assert all(allowed < LATE_FAULT_SCALE - 1 for allowed in LATE_TOLERANCES.values())
+def test_every_precision_s_tolerance_catches_the_late_fault() -> None:
+    # With room for a correct variant's drift: the fault's error is at least 10 % - drift.
+    assert all(allowed <= (LATE_FAULT_SCALE - 1) / 2 for allowed in LATE_TOLERANCES.values())
+
+
+def test_a_chaotic_model_gets_its_measured_allowance(tmp_path: Path) -> None:
+    drifted = EAGER_LOSS * 1.074  # channels_last's measured drift on the CPU
+    paths = [
+        *eager_trials(tmp_path, model="resnet50"),
+        write(tmp_path, "torch-2.0", "channels_last", 0, drifted, model="resnet50"),
+    ]
+    row = row_of(load_tables(paths)[0], "torch-2.0", "channels_last")
+    assert row["late_allowed_error"] == LATE_MODEL_ALLOWANCES[("resnet50", "cpu")]
+    assert (row["status"], row["late_check"]) == ("ok", "passed")
+    assert allowed_error("fp32", "resnet50", "cuda", 0.0) == LATE_TOLERANCES["fp32"]
+
+
+def test_eager_s_own_spread_widens_the_bound(tmp_path: Path) -> None:
+    # Nondeterministic kernels (a GPU) make eager's trials differ: 3 x their spread is allowed.
+    eager = [write(tmp_path, "torch-2.0", "eager", t, EAGER_LOSS * f)
+             for t, f in enumerate((0.98, 1.0, 1.02))]  # fmt: skip
+    paths = [*eager, write(tmp_path, "torch-2.0", "compile", 0, EAGER_LOSS * 1.1)]
+    row = row_of(load_tables(paths)[0], "torch-2.0", "compile")
+    assert row["late_allowed_error"] == pytest.approx(3 * 0.04)
+    assert row["status"] == "ok"
+
+
+def test_an_unknown_precision_is_refused() -> None:
+    with pytest.raises(ValueError, match="no late tolerance for precision 'int8'"):
+        allowed_error("int8", "mlp", "cpu", 0.0)
 
 
 @pytest.mark.parametrize("loss", [math.nan, math.inf, "nan", "-inf"])

@@ -8,8 +8,13 @@ weights, same batches, same optimizer, as many steps. So aggregation holds each 
 ``metrics.loss_last`` (the loss of the last measured step) against the median ``loss_last`` of
 that eager cell's ok trials:
 
-* relative error ``|loss_last - reference| / |reference|`` within :data:`LATE_TOLERANCES` of
-  the variant's precision: ``late_check`` is ``passed``;
+* relative error ``|loss_last - reference| / |reference|`` within the allowed error:
+  ``late_check`` is ``passed``. The allowed error is the largest of the variant's precision's
+  :data:`LATE_TOLERANCES`, its model's :data:`LATE_MODEL_ALLOWANCES` on that device class
+  (trajectories too chaotic for the precision's bound) and :data:`EAGER_SPREAD_MULTIPLIER`
+  times the eager trials' own spread ``(max - min) / median`` of their last losses (0 where
+  eager is deterministic, as on the CPU; on a GPU nondeterministic kernels make it the
+  measure of how far a correct trajectory wanders);
 * beyond it, or a recorded loss that is not finite (NaN or infinite, in any cell, eager
   included): the trial's status becomes ``numerics_mismatch`` with the reason, so that it
   leaves the medians and speedups as a fast wrong answer must, and the report lists it among
@@ -20,7 +25,8 @@ that eager cell's ok trials:
 Eager trials are the reference themselves (``late_check`` is ``reference``). Infer-mode and
 non-ok trials are not checked (``late_check`` blank).
 
-The tolerances come from measured spreads, not guesses: see :data:`LATE_TOLERANCES`.
+The bounds come from measured spreads, not guesses: see :data:`LATE_TOLERANCES` and
+:data:`LATE_MODEL_ALLOWANCES`.
 """
 
 from __future__ import annotations
@@ -38,15 +44,34 @@ REFERENCE_KNOBS = "eager"
 MATCH_KEYS = ["env", "model", "mode", "batch_size", "image_size", "seq_len", "seed"]
 LATE_COLUMNS = ["late_reference_loss", "late_loss_error", "late_allowed_error", "late_check"]
 
-LATE_TOLERANCES: Mapping[str, float] = {"fp32": 0.01, "bf16": 0.03, "fp16": 0.03}
-"""Relative error of a variant's last loss against eager's that a correct variant stays within.
+LATE_TOLERANCES: Mapping[str, float] = {"fp32": 0.02, "tf32": 0.04, "bf16": 0.04, "fp16": 0.04}
+"""Relative error of a variant's last loss against eager's that a correct variant stays within,
+by the variant's precision; each is below the ``late`` fault's 10 % with room for the drift.
 
-Measured on the CPU (torch 2.14.1, the default CPU sizes, 3 warm-up + 10 measured steps,
-seeds 0-2): correct variants' ``loss_last`` against eager's differed by at most (see the
-project note) fp32 (compile, channels_last) ... and bf16 autocast ...; the ``late`` fault
-(every step's loss x 1.1 after the checked steps) is 10 % off. fp16 (CUDA only, with a
-GradScaler that may skip early steps) was not measurable here and takes bf16's allowance.
+Measured on the CPU (torch 2.14.1, default CPU sizes, 3 warm-up + 10 measured steps, so 13
+SGD steps on one seeded batch; seeds 0-2 for mlp at batch 32, seed 0 for the others): correct
+fp32 variants' ``loss_last`` differed from eager's by 0 (mlp compile) and 0.31 % (resnet50
+compile); bf16 autocast by at most 7.8e-5 (mlp). fp32's 2 % is 6x the largest fp32 drift of a
+well-conditioned trajectory; bf16's 4 % leaves the 10 % fault at least 6 % away. tf32 and
+fp16 (CUDA only; fp16 with a GradScaler that may skip early steps) could not be measured
+here and take bf16's bound.
 """
+
+LATE_MODEL_ALLOWANCES: Mapping[tuple[str, str], float] = {("resnet50", "cpu"): 0.15}
+"""Bounds for (model, device class) whose training trajectory is too chaotic for the
+precision's bound: a correct variant's last loss wanders further from eager's.
+
+ResNet-50 at the CPU default size (batch 8, 64 px: batch norm over 8 x 2 x 2 values in the
+last stage, where rounding differences grow fast; eager fp32 itself is 1.4 % from fp64 after
+one step) ended 7.4 % from eager with channels_last (fp32) and 6.1 % with bf16 autocast after
+13 steps, while compile ended 0.31 % away. 15 % is twice the largest: such a cell's late
+check catches only gross errors, not the 10 % ``late`` fault (that needs a check of the last
+step from the variant's own state, in the cell).
+"""
+
+EAGER_SPREAD_MULTIPLIER = 3.0
+"""The allowed error is at least this times the eager trials' own relative spread of last
+losses, as the cell's numerics check allows 3 x eager's reseeded difference."""
 
 PASSED = "passed"
 REFERENCE = "reference"
@@ -123,11 +148,17 @@ _INPUTS = [
 ]
 
 
-def _reference_losses(train_ok: pd.DataFrame) -> dict[tuple[Any, ...], float]:
+def _reference_losses(train_ok: pd.DataFrame) -> dict[tuple[Any, ...], tuple[float, float]]:
+    """Per place (:data:`MATCH_KEYS`): the median last loss of its eager trials and their
+    relative spread ``(max - min) / |median|`` (0 for one trial)."""
     eager = train_ok[(train_ok["knobs"] == REFERENCE_KNOBS) & train_ok["loss_last"].notna()]
     eager = eager[~eager["late_check"].fillna("").astype(str).str.startswith(MISMATCH)]
-    medians = eager.groupby(MATCH_KEYS, dropna=False)["loss_last"].median()
-    return {_plain_key(key): float(value) for key, value in medians.items()}
+    grouped = eager.groupby(MATCH_KEYS, dropna=False)["loss_last"]
+    references = {}
+    for key, (median, low, high) in grouped.agg(["median", "min", "max"]).iterrows():
+        spread = (high - low) / abs(median) if median else 0.0
+        references[_plain_key(key)] = (float(median), float(spread))
+    return references
 
 
 def _key(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -138,11 +169,28 @@ def _plain_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(None if pd.isna(v) else v for v in key)
 
 
-def _late_outcome(row: Mapping[str, Any], reference: float | None) -> dict[str, Any]:
+def allowed_error(precision: str, model: str, device_class: str, eager_spread: float) -> float:
+    """The bound of a variant's last-loss error (see the module's docstring).
+
+    Raises:
+        ValueError: for a precision without a tolerance.
+    """
+    if precision not in LATE_TOLERANCES:
+        known = ", ".join(LATE_TOLERANCES)
+        raise ValueError(f"no late tolerance for precision {precision!r} (known: {known})")
+    return max(
+        LATE_TOLERANCES[precision],
+        LATE_MODEL_ALLOWANCES.get((model, device_class), 0.0),
+        EAGER_SPREAD_MULTIPLIER * eager_spread,
+    )
+
+
+def _late_outcome(row: Mapping[str, Any], eager: tuple[float, float] | None) -> dict[str, Any]:
     recorded = str(row["late_check"] or "")
     if recorded.startswith(MISMATCH):  # a non-finite loss, found while reading the record
         why = recorded.removeprefix(f"{MISMATCH}: ")
         return _mismatch(row, recorded, f"late numerics check: {why}")
+    reference, eager_spread = eager if eager is not None else (None, 0.0)
     if row["knobs"] == REFERENCE_KNOBS:
         return {"late_check": REFERENCE, "late_reference_loss": reference}
     if reference is None:
@@ -153,9 +201,9 @@ def _late_outcome(row: Mapping[str, Any], reference: float | None) -> dict[str, 
         return {"late_check": f"{NOT_CHECKED}: no last loss recorded"}
     device_class = "cpu" if pd.isna(row["device_index"]) else "cuda"
     precision = precision_of(row["numerics_precision"], row["knobs"], device_class)
-    allowed = LATE_TOLERANCES.get(precision)
-    if allowed is None:
+    if precision not in LATE_TOLERANCES:
         return {"late_check": f"{NOT_CHECKED}: no late tolerance for precision {precision}"}
+    allowed = allowed_error(precision, row["model"], device_class, eager_spread)
     error = abs(loss - reference) / abs(reference) if reference else abs(loss)
     outcome = {
         "late_reference_loss": reference,

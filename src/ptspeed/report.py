@@ -41,7 +41,7 @@ from ptspeed.figures import (
     forest_plot,
     step_time_boxes,
 )
-from ptspeed.late_numerics import LATE_TOLERANCES
+from ptspeed.late_numerics import EAGER_SPREAD_MULTIPLIER, LATE_MODEL_ALLOWANCES, LATE_TOLERANCES
 from ptspeed.numerics import FP32_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.record import write_atomic
 
@@ -713,11 +713,17 @@ def _significance_method(config: Mapping[str, Any]) -> str:
 
 def _late_check_method() -> str:
     tolerances = ", ".join(f"{name} {value:.1%}" for name, value in LATE_TOLERANCES.items())
+    chaotic = ", ".join(
+        f"{model} on {device} {value:.0%}"
+        for (model, device), value in LATE_MODEL_ALLOWANCES.items()
+    )
     return (
         "each train-mode variant's last loss against the same environment's eager cell "
-        "(same model, sizes and seed: the same seeded trajectory), relative error allowed: "
-        f"{tolerances}; a non-finite last loss always fails; a failing trial becomes "
-        "numerics_mismatch and leaves the statistics"
+        "(same model, sizes and seed: the same seeded trajectory); relative error allowed: the "
+        f"largest of the precision's bound ({tolerances}), the model's where its training is "
+        f"too chaotic for it ({chaotic}: only gross errors are caught there) and "
+        f"{EAGER_SPREAD_MULTIPLIER:g} × the eager trials' own spread; a non-finite last loss "
+        "always fails; a failing trial becomes numerics_mismatch and leaves the statistics"
     )
 
 
