@@ -476,7 +476,7 @@ def test_tf32_and_cudnn_benchmark_settings_are_shown_where_recorded(tmp_path: Pa
 def test_a_late_numerics_mismatch_is_among_the_failures(tmp_path: Path) -> None:
     paths = []
     for variant, loss in (("eager", 2.0), ("compile", 2.2)):
-        data = make_record("torch-2.0", "resnet50", variant, 0, "ok", 100.0).to_dict()
+        data = make_record("torch-2.0", "gpt2", variant, 0, "ok", 100.0).to_dict()
         data["metrics"]["loss_last"] = loss
         paths.append(tmp_path / f"{variant}.json")
         paths[-1].write_text(json.dumps(data), encoding="utf-8")
