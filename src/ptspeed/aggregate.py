@@ -55,7 +55,7 @@ CELL_COLUMNS = [f.name for f in dataclasses.fields(CellSpec)]
 LIST_METRICS = ("step_times_s", "rank_measured_wall_s")
 # Metrics the harness is adding (issue 11), read from the records that carry them before
 # record.Metrics names them; their type decides the column's. Harmless once it does.
-_NEW_METRICS = {"compile_s": "Optional[float]", "compiler_cache": "str"}
+_NEW_METRICS = {"compiler_cache": "str"}
 _METRIC_TYPES = {
     **{f.name: f.type for f in dataclasses.fields(Metrics) if f.name not in LIST_METRICS},
     **{name: kind for name, kind in _NEW_METRICS.items() if name not in Metrics.__annotations__},
