@@ -318,7 +318,7 @@ def test_every_shown_throughput_carries_its_trial_count(markdown: str, html: str
     rate_columns = {
         "baseline samples/s",
         "candidate samples/s",
-        "median samples/s [95% interval]",
+        "median samples/s [interval, 95% unless stated]",
         "median samples/s",
     }
     html_shown = [table for tables in read_page(html).tables.values() for table in tables]

@@ -367,7 +367,7 @@ SUMMARY_HEADERS = [
     "image",
     "seq",
     "trials",
-    "median samples/s [95% interval]",
+    "median samples/s [interval, 95% unless stated]",
     "min–max samples/s",
     "cv",
     "noisy",
