@@ -22,7 +22,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from ptspeed import stats
+from ptspeed import late_numerics, stats
 from ptspeed.aggregate import (
     ALPHA,
     CONFIDENCE,
@@ -41,7 +41,6 @@ from ptspeed.figures import (
     forest_plot,
     step_time_boxes,
 )
-from ptspeed.late_numerics import EAGER_SPREAD_MULTIPLIER, LATE_MODEL_ALLOWANCES, LATE_TOLERANCES
 from ptspeed.numerics import FP32_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.record import write_atomic
 
@@ -657,13 +656,13 @@ def method_section(inputs: ReportInputs) -> Section:
             "consistent with the claim: the published speedup lies in the interval; below / "
             "above the claim: the interval lies above / below it; not measured: the reason",
         ],
-        ["late numerics check", _late_check_method()],
-        ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
         [
             "numerics tolerance",
             f"relative error against eager fp64 (else fp32): {tolerances}; allowed = "
             f"max(tolerance, {FP32_ERROR_MULTIPLIER:g} × eager fp32's own error)",
         ],
+        ["late numerics check", _late_check_method()],
+        ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
     ]
     return Section(
         id="method",
@@ -712,18 +711,20 @@ def _significance_method(config: Mapping[str, Any]) -> str:
 
 
 def _late_check_method() -> str:
-    tolerances = ", ".join(f"{name} {value:.1%}" for name, value in LATE_TOLERANCES.items())
+    bounds = late_numerics.LATE_TOLERANCES.items()
+    tolerances = ", ".join(f"{name} {value:.1%}" for name, value in bounds)
     chaotic = ", ".join(
         f"{model} on {device} {value:.0%}"
-        for (model, device), value in LATE_MODEL_ALLOWANCES.items()
+        for (model, device), value in late_numerics.LATE_MODEL_ALLOWANCES.items()
     )
     return (
         "each train-mode variant's last loss against the same environment's eager cell "
         "(same model, sizes and seed: the same seeded trajectory); relative error allowed: the "
         f"largest of the precision's bound ({tolerances}), the model's where its training is "
         f"too chaotic for it ({chaotic}: only gross errors are caught there) and "
-        f"{EAGER_SPREAD_MULTIPLIER:g} × the eager trials' own spread; a non-finite last loss "
-        "always fails; a failing trial becomes numerics_mismatch and leaves the statistics"
+        f"{late_numerics.EAGER_SPREAD_MULTIPLIER:g} × the eager trials' own spread; a non-finite "
+        "last loss always fails; a failing trial becomes numerics_mismatch and leaves the "
+        "statistics"
     )
 
 
