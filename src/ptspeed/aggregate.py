@@ -50,7 +50,7 @@ MISSING = "missing"
 ALL_STATUSES = (*STATUSES, STALE, MISSING, UNREADABLE)
 MISSING_REASON = "no record (the cell did not run or its record was removed)"
 
-CELL_COLUMNS = [f.name for f in dataclasses.fields(CellSpec)]
+CELL_FIELDS = [f.name for f in dataclasses.fields(CellSpec)]
 # Per-step and per-rank lists stay in the records (steps.csv holds the step times).
 LIST_METRICS = ("step_times_s", "rank_measured_wall_s")
 # Metrics the harness is adding (issue 11), read from the records that carry them before
@@ -61,6 +61,9 @@ _METRIC_TYPES = {
     **{name: kind for name, kind in _NEW_METRICS.items() if name not in Metrics.__annotations__},
 }
 METRIC_COLUMNS = list(_METRIC_TYPES)
+# A cell field named like a metric (compiler_cache: the cache directory the cell was given,
+# beside the metric saying whether it was cold or warm) is prefixed with cell_ in the tables.
+CELL_COLUMNS = [f"cell_{name}" if name in _METRIC_TYPES else name for name in CELL_FIELDS]
 NUMERICS_FIELDS = ("passed", "max_relative_error", "tolerance", "precision")
 NUMERICS_COLUMNS = [f"numerics_{name}" for name in NUMERICS_FIELDS]
 PACKAGE_COLUMNS = ["torchvision", "transformers"]
@@ -390,7 +393,7 @@ def _field_defaults(cls: type) -> dict[str, Any]:
 _PARTS = {"cell": CellSpec, "metrics": Metrics, "numerics": NumericsCheck, "provenance": Provenance}
 _DEFAULTS = {name: _field_defaults(cls) for name, cls in _PARTS.items()}
 _CELL_DEFAULTS = _DEFAULTS["cell"]
-_REQUIRED_CELL_KEYS = [name for name in CELL_COLUMNS if name not in _CELL_DEFAULTS]
+_REQUIRED_CELL_KEYS = [name for name in CELL_FIELDS if name not in _CELL_DEFAULTS]
 
 
 def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -400,7 +403,7 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
     packages = provenance.get("packages")
     packages = packages if isinstance(packages, dict) else {}
     return {
-        **{key: cell.get(key) for key in CELL_COLUMNS},
+        **{column: cell.get(name) for name, column in zip(CELL_FIELDS, CELL_COLUMNS, strict=True)},
         "status": data["status"],
         "reason": data.get("reason", ""),
         **{key: metrics.get(key) for key in METRIC_COLUMNS},
