@@ -52,11 +52,11 @@ Measured on the CPU (torch 2.14.1, default CPU sizes, 3 warm-up + 10 measured st
 SGD steps on one seeded batch; seeds 0-2 for mlp at batch 32, seed 0 for the others): correct
 fp32 variants' ``loss_last`` differed from eager's by 0 (mlp compile, 3 seeds), 0.31 %
 (resnet50 compile) and 0.48 % (bert-base compile, whose dropout masks come from the compiled
-graph's own random numbers); bf16 autocast by at most 7.8e-5 (mlp, 3 seeds). fp32's 2 % is 4x
-the largest fp32 drift of a well-conditioned trajectory; bf16's 4 % leaves the 10 % fault at
-least 6 % away. bert-base under bf16 did not finish on the shared 2-core machine (over 18
-minutes) and is unmeasured; tf32 and fp16 (CUDA only; fp16 with a GradScaler that may skip
-early steps) could not be measured here and take bf16's bound.
+graph's own random numbers); bf16 autocast by at most 7.8e-5 (mlp, 3 seeds) and 0.29 %
+(bert-base; that cell ran with 1 thread, its eager with 2). fp32's 2 % is 4x the largest fp32
+drift of a well-conditioned trajectory, bf16's 4 % 14x the largest bf16 one, and both leave
+the 10 % fault at least 6 % away. tf32 and fp16 (CUDA only; fp16 with a GradScaler that may
+skip early steps) could not be measured here and take bf16's bound.
 """
 
 LATE_MODEL_ALLOWANCES: Mapping[tuple[str, str], float] = {("resnet50", "cpu"): 0.15}
