@@ -4,8 +4,9 @@
 
 OLD and NEW are runs.csv files or directories holding runs.csv or tables/runs.csv. Prints one
 row per cell: a mark (``+`` significantly faster, ``-`` significantly slower, blank unchanged,
-``x`` not comparable), both medians with their ok trials, the ratio new / old with its 95%
-bootstrap interval, and the Mann–Whitney p-value. Exit status: 0 none slower, 1 at least one
+``x`` not comparable), both medians with their ok trials, the ratio new / old (Hodges–Lehmann)
+with its exact interval (95 %, else the confidence the trials allow, printed beside it), and the
+Mann–Whitney p-value. Exit status: 0 none slower, 1 at least one
 cell significantly slower by more than the threshold, 2 bad input (one ``error:`` line).
 """
 

@@ -21,7 +21,6 @@ from ptspeed.aggregate import (
     STEPS_COLUMNS,
     SUMMARY_COLUMNS,
     ConfigError,
-    bootstrap_speedup,
     cell_from_path,
     coefficient_of_variation,
     load_records,
@@ -491,17 +490,21 @@ def test_speedup_is_the_ratio_of_the_medians(runs: pd.DataFrame) -> None:
     assert (row["baseline_statuses"], row["candidate_statuses"]) == ("ok:3", "ok:2 failed:1")
 
 
-def test_speedup_interval_is_the_bootstrap_of_the_ok_trials(runs: pd.DataFrame) -> None:
+def test_speedup_and_interval_are_the_stats_modules_of_the_ok_trials(runs: pd.DataFrame) -> None:
     frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
     row = speedup_row(frame, "upgrade-and-compile", "resnet50")
     expected = stats.speedup([100.0, 120.0, 110.0], [150.0, 180.0])
+    assert row["speedup"] == expected.estimate
     assert (row["speedup_low"], row["speedup_high"]) == (expected.low, expected.high)
+    assert (row["speedup_low"], row["speedup_high"]) == (150.0 / 120.0, 180.0 / 100.0)
+    assert row["speedup_confidence"] == pytest.approx(1 - 2 / 10)  # 3 and 2: all pairs, 80 %
     assert (row["p_value"], row["significant"]) == (expected.p_value, expected.significant)
     assert row["speedup_low"] <= 1.48 <= row["speedup_high"]
     assert (row["measured_device"], row["measured_precision"]) == ("Test CPU (cpu)", "fp32")
     assert (row["verdict"], row["verdict_reason"]) == (
         "consistent with the claim",
-        "measured on Test CPU (cpu), fp32",
+        "measured on Test CPU (cpu), fp32; interval at 80% confidence "
+        "(3 and 2 ok trials cannot reach 95%)",
     )
 
 
@@ -519,7 +522,7 @@ def test_one_trial_side_has_no_interval(runs: pd.DataFrame) -> None:
     claims = {"pytorch-2.0-upgrade": {"models": {"bert-base": {"speedup": 2.0}}}}
     frame = speedups(summarise(runs), CONFIG, claims, runs)
     row = speedup_row(frame, "upgrade-and-compile", "bert-base")  # 10, 12 -> 22
-    assert row["speedup"] == 2.0
+    assert row["speedup"] == pytest.approx(math.sqrt(22 / 10 * 22 / 12))  # Hodges–Lehmann
     assert math.isnan(row["speedup_low"]) and math.isnan(row["speedup_high"])
     assert not row["significant"]
     assert (row["verdict"], row["verdict_reason"]) == (
@@ -553,7 +556,8 @@ def test_claim_made_on_a_gpu_is_not_measured_on_a_cpu(runs: pd.DataFrame) -> Non
     )
     assert on_gpu["verdict"] == "consistent with the claim"
     assert on_gpu["verdict_reason"] == (
-        "claimed on NVIDIA A100, fp32; measured on Test CPU (cpu), fp32"
+        "claimed on NVIDIA A100, fp32; measured on Test CPU (cpu), fp32; "
+        "interval at 80% confidence (3 and 2 ok trials cannot reach 95%)"
     )
 
 
@@ -593,7 +597,7 @@ def test_missing_side_is_not_measured(runs: pd.DataFrame) -> None:
 def test_model_not_in_claims_group_is_measured(runs: pd.DataFrame) -> None:
     frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
     row = speedup_row(frame, "upgrade-and-compile", "bert-base")
-    assert row["speedup"] == 2.0
+    assert row["speedup"] == pytest.approx(math.sqrt(22 / 10 * 22 / 12))
     assert math.isnan(row["published_speedup"])
     assert row["verdict"] == "measured"
     assert row["verdict_reason"] == "bert-base not in claims group 'pytorch-2.0-upgrade'"
@@ -601,7 +605,7 @@ def test_model_not_in_claims_group_is_measured(runs: pd.DataFrame) -> None:
 
 def test_comparison_without_claim(runs: pd.DataFrame) -> None:
     row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS, runs), "compile-alone", "resnet50")
-    assert row["speedup"] == 165.0 / 132.0
+    assert row["speedup"] == pytest.approx(math.sqrt(150.0 * 180.0) / 132.0)  # Hodges–Lehmann
     assert row["claim"] == ""
     assert math.isnan(row["published_speedup"])
     assert (row["verdict"], row["verdict_reason"]) == (
@@ -720,41 +724,20 @@ GPU_CONTEXT = "claimed on NVIDIA A100, fp32; measured on NVIDIA H200 (cuda), fp3
             ("below the claim", "measured on X (cpu), fp32"),
         ),
         ({}, "", ("consistent with the claim", GPU_CONTEXT)),  # device class unresolved
+        (
+            {"speedup_confidence": 0.9, "baseline_trials": 3, "candidate_trials": 3,
+             "published_speedup": 1.61},
+            "cuda",
+            ("below the claim", GPU_CONTEXT + "; interval at 90% confidence "
+             "(3 and 3 ok trials cannot reach 95%)"),
+        ),
+        ({"speedup_confidence": 0.971}, "cuda", ("consistent with the claim", GPU_CONTEXT)),
     ],
 )  # fmt: skip
 def test_verdict_on_constructed_rows(
     changes: dict[str, Any], device_class: str, expected: tuple[str, str]
 ) -> None:
     assert verdict(constructed_row(**changes), VERDICT_CLAIMS, device_class) == expected
-
-
-# --- the vectorised bootstrap --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("baseline", "candidate", "seed"),
-    [
-        ([100.0, 110.0, 120.0], [150.0, 180.0], 0),
-        ([1.0, 2.0], [3.0, 4.0], 1),
-        ([5.0, 5.0, 5.0, 6.0], [5.0, 6.0, 6.0, 7.0, 7.0], 2),  # ties
-        ([float(v) for v in range(1, 26)], [float(v) * 1.1 for v in range(25, 0, -1)], 3),
-        ([0.001, 0.002, 0.0015], [1e6, 2e6, 3e6], 0),
-    ],
-)
-def test_bootstrap_speedup_equals_the_stats_module(
-    baseline: list[float], candidate: list[float], seed: int
-) -> None:
-    assert bootstrap_speedup(baseline, candidate, seed=seed, resamples=3000) == stats.speedup(
-        baseline, candidate, seed=seed, resamples=3000
-    )
-
-
-def test_bootstrap_speedup_passes_what_it_cannot_resample_to_the_stats_module() -> None:
-    assert bootstrap_speedup([1.0], [2.0, 3.0]) == stats.speedup([1.0], [2.0, 3.0])
-    with pytest.raises(ValueError, match="positive"):
-        bootstrap_speedup([1.0, -1.0], [2.0, 3.0])
-    with pytest.raises(ValueError, match="confidence"):
-        bootstrap_speedup([1.0, 2.0], [2.0, 3.0], confidence=1.5)
 
 
 # --- the command line ----------------------------------------------------------------------------

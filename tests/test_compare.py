@@ -26,8 +26,8 @@ from ptspeed.compare import (
     SLOWER,
     InputError,
     compare_runs,
+    display_rows,
     read_runs,
-    smallest_p_value,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,6 +130,7 @@ def test_ratio_and_interval_are_the_stats_modules(compared: pd.DataFrame) -> Non
     expected = stats.speedup(OLD["slower"], NEW["slower"])
     assert row["ratio"] == expected.estimate
     assert (row["ratio_low"], row["ratio_high"]) == (expected.low, expected.high)
+    assert row["ratio_confidence"] == expected.achieved_confidence
     assert row["p_value"] == expected.p_value
     assert row["old_samples_per_s"] == stats.summarise(OLD["slower"]).median
     assert (row["old_trials"], row["new_trials"]) == (10, 10)
@@ -175,10 +176,15 @@ def test_too_few_trials_are_said_to_be_too_few(compared: pd.DataFrame) -> None:
     )
 
 
-def test_smallest_p_value() -> None:
-    assert smallest_p_value(3, 3) == pytest.approx(0.1)
-    assert smallest_p_value(4, 4) == pytest.approx(2 / 70)
-    assert smallest_p_value(1, 1) == 1.0
+def test_intervals_short_of_95_percent_say_their_level(compared: pd.DataFrame) -> None:
+    few, slower = row_of(compared, "few"), row_of(compared, "slower")
+    assert few["ratio_confidence"] == pytest.approx(0.9)  # 3 against 3: all pairs cover 90 %
+    assert slower["ratio_confidence"] >= 0.95
+    shown = {row[5]: row[3] for row in display_rows(compared)}
+    few_label = next(label for label in shown if "/few/" in label)
+    slower_label = next(label for label in shown if "/slower/" in label)
+    assert shown[few_label].endswith("] 90%")
+    assert shown[slower_label].endswith("]")
 
 
 def test_sizes_match_whatever_their_type(tmp_path: Path) -> None:

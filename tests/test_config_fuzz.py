@@ -101,7 +101,7 @@ def test_the_default_config_passes_and_gets_its_defaults() -> None:
     del config["steps"], config["trials"]
     assert prepare(config) == "cpu"
     assert config["steps"] == {"warmup": 3, "measured": 10, "numerics": 2}
-    assert (config["trials"], config["oom_retry"], config["modes"]) == (3, False, ["train"])
+    assert (config["trials"], config["oom_retry"], config["modes"]) == (5, False, ["train"])
     assert config["mem_mb"] == 16000
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 import subprocess
@@ -13,7 +14,14 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from test_aggregate import CLAIMS, CONFIG, CORRUPT_NAME, aggregate_cli, write_fixture_records
+from test_aggregate import (
+    CLAIMS,
+    CONFIG,
+    CORRUPT_NAME,
+    aggregate_cli,
+    make_record,
+    write_fixture_records,
+)
 
 from ptspeed import report
 from ptspeed.aggregate import (
@@ -21,13 +29,18 @@ from ptspeed.aggregate import (
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
     SUMMARY_COLUMNS,
+    load_tables,
     read_table,
+    speedups,
+    summarise,
 )
+from ptspeed.late_numerics import LATE_TOLERANCES
 from ptspeed.numerics import TOLERANCES
 from ptspeed.report import (
     NOISY_HEADERS,
     SEED_HEADERS,
     SUMMARY_HEADERS,
+    format_compile_time,
     format_fraction_as_percent,
     format_int,
     format_mib,
@@ -176,7 +189,9 @@ def expected_seed_row(row: dict[str, Any]) -> list[str]:
         format_int(row["batch_size"]),
         format_rate(row["baseline_samples_per_s"], row["baseline_trials"]),
         format_rate(row["candidate_samples_per_s"], row["candidate_trials"]),
-        format_speedup_interval(row["speedup"], row["speedup_low"], row["speedup_high"]),
+        format_speedup_interval(
+            row["speedup"], row["speedup_low"], row["speedup_high"], row["speedup_confidence"]
+        ),
         format_published(
             row["published_speedup"], row["published_baseline"], row["published_candidate"]
         ),
@@ -213,6 +228,9 @@ def expected_summary_table(summary: pd.DataFrame) -> list[list[str]]:
             format_fraction_as_percent(row["cv"]),
             "yes" if row["noisy"] else "",
             format_seconds(row["median_first_step_s"]),
+            format_compile_time(
+                row["compile_time_s"], row["compile_time_cold_s"], row["compile_time_warm_s"]
+            ),
             format_mib(row["median_peak_memory_bytes"]),
         ]
         for row in summary.to_dict("records")
@@ -265,11 +283,12 @@ def test_seed_table_rows_for_the_fixture(markdown: str) -> None:
         "8",
         "110.0 (n=3)",
         "165.0 (n=2)",
-        "×1.50 (+50%) [1.25–1.80]",
+        "×1.50 (+50%) [1.25–1.80] 80%",  # 3 and 2 trials: all pairs cover 1 - 2 / C(5, 2)
         "×1.48 (+48%); 125.0 → 185.0 samples/s",
-        "consistent with the claim: measured on Test CPU (cpu), fp32",
+        "consistent with the claim: measured on Test CPU (cpu), fp32; interval at 80% "
+        "confidence (3 and 2 ok trials cannot reach 95%)",
     ]
-    assert first[2][5] == "×2.00 (+100%) [no interval]"  # one candidate trial
+    assert first[2][5] == "×2.01 (+101%) [no interval]"  # one candidate trial
     assert first[3][3:6] == ["40.0 (n=1)", "— (n=0)", "—"]
     assert first[3][7] == (
         "not measured: no ok trials: candidate (torch-2.0/compile: unsupported:1 missing:1)"
@@ -299,7 +318,7 @@ def test_every_shown_throughput_carries_its_trial_count(markdown: str, html: str
     rate_columns = {
         "baseline samples/s",
         "candidate samples/s",
-        "median samples/s [95% interval]",
+        "median samples/s [interval, 95% unless stated]",
         "median samples/s",
     }
     html_shown = [table for tables in read_page(html).tables.values() for table in tables]
@@ -337,6 +356,7 @@ def test_summary_rows_for_the_fixture(markdown: str, tables: dict[str, pd.DataFr
         "12.9%",
         "yes",
         "2.50 s",
+        "0.00 s",  # torch-2.0 eager's first steps: 2.0 and 3.0 s, as compile's
         "100.5 MiB",
     ]
     gpt2 = summary.index[summary["variant"].eq("compile") & summary["model"].eq("gpt2")]
@@ -412,7 +432,58 @@ def test_environments_come_from_the_records(markdown: str, html: str) -> None:
     assert rows["threads"] == ["4", "4"]
     assert rows["Python"] == ["3.10.13", "3.10.13"]
     assert rows["git commit"] == ["1234567", "1234567"]
+    assert "TF32 matmul" not in rows  # records that do not state it get no row
     assert read_page(html).tables["environments"] == [table]
+
+
+def sections_of(paths: list[Path], config: dict[str, Any] | None = None) -> dict[str, Any]:
+    runs, steps = load_tables(paths)
+    summary = summarise(runs)
+    inputs = report.ReportInputs(runs, summary, speedups(summary, CONFIG, CLAIMS, runs),
+                                 config or CONFIG, CLAIMS, steps)  # fmt: skip
+    return {s.id: s for s in report.build_sections(inputs)}
+
+
+def test_tf32_and_cudnn_benchmark_settings_are_shown_where_recorded(tmp_path: Path) -> None:
+    settings = {
+        "torch-1.13": {"tf32_matmul": True, "tf32_cudnn": True, "cudnn_benchmark": False,
+                       "float32_matmul_precision": "highest"},
+        "torch-2.0": {"tf32_matmul": False, "tf32_cudnn": True, "cudnn_benchmark": False,
+                      "float32_matmul_precision": "highest"},
+    }  # fmt: skip
+    paths = []
+    for env, provenance in settings.items():
+        data = make_record(env, "resnet50", "eager", 0, "ok", 100.0).to_dict()
+        data["provenance"].update(provenance)
+        paths.append(tmp_path / f"{env}.json")
+        paths[-1].write_text(json.dumps(data), encoding="utf-8")
+    sections = sections_of(paths)
+    [table] = [b.table for b in sections["environments"].blocks]
+    rows = {row[0]: row[1:] for row in table.rows}
+    assert rows["TF32 matmul"] == ["True", "False"]
+    assert rows["TF32 cuDNN"] == ["True", "True"]
+    assert rows["cudnn.benchmark"] == ["False", "False"]
+    assert rows["float32 matmul precision"] == ["highest", "highest"]
+    method = {row[0]: row[1] for row in sections["method"].blocks[0].table.rows}
+    assert method["TF32 and cudnn.benchmark"] == (
+        "each column ran with the settings its records state (also in Environments): "
+        "torch-1.13: TF32 matmul True, TF32 cuDNN True, cudnn.benchmark False, float32 matmul "
+        "precision highest; torch-2.0: TF32 matmul False, TF32 cuDNN True, cudnn.benchmark "
+        "False, float32 matmul precision highest"
+    )
+
+
+def test_a_late_numerics_mismatch_is_among_the_failures(tmp_path: Path) -> None:
+    paths = []
+    for variant, loss in (("eager", 2.0), ("compile", 2.2)):
+        data = make_record("torch-2.0", "gpt2", variant, 0, "ok", 100.0).to_dict()
+        data["metrics"]["loss_last"] = loss
+        paths.append(tmp_path / f"{variant}.json")
+        paths[-1].write_text(json.dumps(data), encoding="utf-8")
+    [failures, *_] = [b.table for b in sections_of(paths)["failures"].blocks if b.table]
+    [row] = failures.rows
+    assert row[2] == "compile" and row[6] == "numerics_mismatch"
+    assert row[7].startswith("late numerics check: last loss 2.2 is 10.00% from the eager")
 
 
 def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: str) -> None:
@@ -421,8 +492,11 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
     [table] = markdown_tables(text)
     rows = {row[0]: row[1] for row in table[1:]}
     assert rows["device class"] == "cpu"
-    assert "10,000 resamples, seed 0" in rows["speedup interval"]
+    assert "Moses" in rows["speedup interval"]
+    assert "4 ok trials a side reach 95%" in rows["speedup interval"]
     assert "Mann–Whitney" in rows["significance"]
+    assert "Hodges–Lehmann" in rows["speedup"]
+    assert f"fp32 {LATE_TOLERANCES['fp32']:.1%}" in rows["late numerics check"]
     assert rows["noisy"] == "cv > 5% or median interval half-width > 10% of the median"
     for precision, tolerance in TOLERANCES.items():
         assert f"{precision} {tolerance:.0%}" in rows["numerics tolerance"]
@@ -434,6 +508,21 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
     assert configured["warm-up steps"] == "3 (the first holds compilation)"
     assert configured["measured steps"] == "10"
     assert configured["numerics steps"] == "2 leading steps checked"
+    assert configured["speedup interval"].endswith("this run's 5 trials a side give 96.8%")
+    assert configured["significance"].endswith("p cannot fall below 2 / C(10, 5) = 0.0079")
+    assert configured["TF32 and cudnn.benchmark"].startswith("not recorded")
+
+
+def test_method_section_says_what_three_trials_cannot_do() -> None:
+    config = {**CONFIG, "trials": 3}
+    frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
+    sections = report.build_sections(report.ReportInputs(*frames, config, CLAIMS))
+    [method] = [s for s in sections if s.id == "method"]
+    configured = {row[0]: row[1] for row in method.blocks[0].table.rows}
+    assert configured["speedup interval"].endswith("this run's 3 trials a side give 90.0%")
+    assert configured["significance"].endswith(
+        "p cannot fall below 2 / C(6, 3) = 0.1, so no difference can be significant"
+    )
 
 
 # --- the page ------------------------------------------------------------------------------------
@@ -571,10 +660,20 @@ def test_format_rate_interval(args: tuple[float, ...], expected: str) -> None:
     assert format_rate_interval(*args) == expected
 
 
+def test_format_compile_time() -> None:
+    assert format_compile_time(12.3) == "12.30 s"
+    assert format_compile_time(12.3, 30.1, 3.2) == "12.30 s (cold 30.10 s, warm 3.20 s)"
+    assert format_compile_time(12.3, math.nan, 3.2) == "12.30 s (warm 3.20 s)"
+    assert format_compile_time(math.nan, 30.1, 3.2) == "—"
+
+
 def test_format_speedup_interval() -> None:
     assert format_speedup_interval(1.5, 1.25, 1.8) == "×1.50 (+50%) [1.25–1.80]"
     assert format_speedup_interval(2.0, math.nan, math.nan) == "×2.00 (+100%) [no interval]"
     assert format_speedup_interval(math.nan, 1.0, 2.0) == "—"
+    assert format_speedup_interval(1.34, 1.1, 1.52, 0.9) == "×1.34 (+34%) [1.10–1.52] 90%"
+    assert format_speedup_interval(1.34, 1.1, 1.52, 0.971) == "×1.34 (+34%) [1.10–1.52]"
+    assert format_speedup_interval(1.34, 1.1, 1.52, math.nan) == "×1.34 (+34%) [1.10–1.52]"
 
 
 # --- the command line ----------------------------------------------------------------------------

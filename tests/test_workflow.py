@@ -206,7 +206,7 @@ def test_changed_model_size_reruns_only_its_cells(tmp_path: Path) -> None:
 def test_default_matrix_plan(tmp_path: Path) -> None:
     output = ok(snakemake("-n", "--config", f"results={tmp_path / 'results'}"))
     assert job_counts(output) == Counter(
-        cell=27, build_env=2, effective_config=1, aggregate=1, report=1, all=1
+        cell=45, build_env=2, effective_config=1, aggregate=1, report=1, all=1
     )
     cells = [
         Path(path).relative_to(tmp_path / "results/records").parts
@@ -220,10 +220,10 @@ def test_default_matrix_plan(tmp_path: Path) -> None:
             ("torch-2.0", "compile"),
         ]
         for model in ("resnet50", "bert-base", "gpt2")
-        for trial in range(3)
+        for trial in range(5)
     }
     assert {(e, m, v, mode, trial) for e, m, v, mode, _size, trial in cells} == expected
-    assert len(cells) == 27
+    assert len(cells) == 45
     assert sorted(planned_outputs(output)["build_env"]) == [
         str(tmp_path / f"results/envs/{env}.json") for env in ("torch-1.13", "torch-2.0")
     ]

@@ -4,13 +4,17 @@
   *steps* frame, one row per measured step of an ``ok`` record. A file that cannot be read as a
   record becomes a row with status ``unreadable``, and a listed path with no file a row with
   status ``missing``, instead of an exception: one bad file never hides the rest of a run, and
-  the report can name what is absent. Where the path follows the workflow's layout
+  the report can name what is absent. Train-mode trials then get the late numerics check
+  (:mod:`ptspeed.late_numerics`): a last loss that strays from the same environment's eager
+  cell makes the trial ``numerics_mismatch``. Where the path follows the workflow's layout
   (``records/<env>/<model>/<variant>/<mode>/<size>/trial<N>.json``) such rows carry the cell.
 * :func:`summarise` groups the runs by cell (environment, model, variant, mode, sizes) and gives
   trial counts, the median throughput of the ``ok`` trials with its confidence interval, and a
   noise flag with its reason.
 * :func:`speedups` pairs the summary rows each configured comparison needs, gives each speedup
-  its bootstrap interval and p-value, and judges the published figures of ``config/claims.yaml``.
+  (the Hodges–Lehmann ratio of the ok trials) its exact interval with the confidence it
+  achieves and a p-value (:func:`ptspeed.stats.speedup`), and judges the published figures of
+  ``config/claims.yaml``.
 
 Everything here is pure except the readers (:func:`load_tables`, :func:`read_table`,
 :func:`records_listed_in`, :func:`read_mapping`), and nothing imports torch.
@@ -21,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +36,12 @@ import pandas as pd
 import yaml
 
 from ptspeed import stats
-from ptspeed.knobs import BadInput, parse_knobs
+from ptspeed.late_numerics import (
+    LATE_COLUMNS,
+    check_late_losses,
+    precision_of,
+    recorded_late_check,
+)
 from ptspeed.record import STATUSES, CellSpec, Metrics, NumericsCheck, Provenance, Record
 from ptspeed.staleness import STALE, stale_reason
 
@@ -42,10 +50,20 @@ MISSING = "missing"
 ALL_STATUSES = (*STATUSES, STALE, MISSING, UNREADABLE)
 MISSING_REASON = "no record (the cell did not run or its record was removed)"
 
-CELL_COLUMNS = [f.name for f in dataclasses.fields(CellSpec)]
+CELL_FIELDS = [f.name for f in dataclasses.fields(CellSpec)]
 # Per-step and per-rank lists stay in the records (steps.csv holds the step times).
 LIST_METRICS = ("step_times_s", "rank_measured_wall_s")
-METRIC_COLUMNS = [f.name for f in dataclasses.fields(Metrics) if f.name not in LIST_METRICS]
+# Metrics the harness is adding (issue 11), read from the records that carry them before
+# record.Metrics names them; their type decides the column's. Harmless once it does.
+_NEW_METRICS = {"compiler_cache": "str"}
+_METRIC_TYPES = {
+    **{f.name: f.type for f in dataclasses.fields(Metrics) if f.name not in LIST_METRICS},
+    **{name: kind for name, kind in _NEW_METRICS.items() if name not in Metrics.__annotations__},
+}
+METRIC_COLUMNS = list(_METRIC_TYPES)
+# A cell field named like a metric (compiler_cache: the cache directory the cell was given,
+# beside the metric saying whether it was cold or warm) is prefixed with cell_ in the tables.
+CELL_COLUMNS = [f"cell_{name}" if name in _METRIC_TYPES else name for name in CELL_FIELDS]
 NUMERICS_FIELDS = ("passed", "max_relative_error", "tolerance", "precision")
 NUMERICS_COLUMNS = [f"numerics_{name}" for name in NUMERICS_FIELDS]
 PACKAGE_COLUMNS = ["torchvision", "transformers"]
@@ -67,6 +85,11 @@ PROVENANCE_COLUMNS = [
     "cuda_visible_devices",
     "gpu_assignment",
     "hostname",
+    # TF32 and cudnn.benchmark as the cell ran with them (absent from older records).
+    "tf32_matmul",
+    "tf32_cudnn",
+    "cudnn_benchmark",
+    "float32_matmul_precision",
 ]
 RUNS_COLUMNS = [
     "record_path",
@@ -75,6 +98,7 @@ RUNS_COLUMNS = [
     "reason",
     *METRIC_COLUMNS,
     *NUMERICS_COLUMNS,
+    *LATE_COLUMNS,
     *PROVENANCE_COLUMNS,
     "started_at",
     "duration_s",
@@ -98,6 +122,9 @@ SUMMARY_COLUMNS = [
     "noisy",
     "noisy_reason",
     "median_first_step_s",
+    "compile_time_s",
+    "compile_time_cold_s",
+    "compile_time_warm_s",
     "median_peak_memory_bytes",
     "memory_kind",
     "reasons",
@@ -122,6 +149,7 @@ SPEEDUP_COLUMNS = [
     "speedup",
     "speedup_low",
     "speedup_high",
+    "speedup_confidence",
     "p_value",
     "significant",
     "claim",
@@ -144,8 +172,6 @@ CLAIM_VERDICTS = {
     "above": "above the claim",
 }
 CONFIDENCE = 0.95
-RESAMPLES = 10_000
-SEED = 0
 ALPHA = 0.05
 
 _INT_COLUMNS = [
@@ -166,11 +192,13 @@ _INT_COLUMNS = [
     "world_size",
     "batch_size_per_process",
 ]
+_TEXT_METRICS = [name for name, kind in _METRIC_TYPES.items() if kind == "str"]
 _FLOAT_COLUMNS = [
     "timeout_s",
-    *(c for c in METRIC_COLUMNS if c not in (*_INT_COLUMNS, "memory_kind", "distributed_backend")),
+    *(c for c in METRIC_COLUMNS if c not in (*_INT_COLUMNS, *_TEXT_METRICS)),
     "numerics_max_relative_error",
     "numerics_tolerance",
+    *LATE_COLUMNS[:-1],
     "duration_s",
 ]
 _TEXT_COLUMNS = [
@@ -228,6 +256,10 @@ def load_tables(
     """The runs frame (:data:`RUNS_COLUMNS`, one row per path, in the order given) and the steps
     frame (:data:`STEPS_COLUMNS`, one row per measured step of each ``ok`` record).
 
+    Train-mode trials then get the late numerics check against their environment's eager cell
+    (:func:`ptspeed.late_numerics.check_late_losses`): a trial that fails it becomes
+    ``numerics_mismatch`` and its steps leave the steps frame.
+
     A path with no file gives a row with status ``missing``; a file that cannot be opened, is not
     JSON, or is not a record gives a row with status ``unreadable``; both reasons name the path.
     With ``config`` (the effective config), a record of another cell than the config asks for
@@ -239,8 +271,20 @@ def load_tables(
         rows.append(row)
         if row["status"] == "ok":
             steps.extend(_step_rows(row, step_times))
-    runs = _typed_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS))
-    return runs, _typed_steps(pd.DataFrame(steps, columns=STEPS_COLUMNS))
+    runs = check_late_losses(_typed_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS)))
+    steps = _typed_steps(pd.DataFrame(steps, columns=STEPS_COLUMNS))
+    return runs, _steps_of_ok_trials(steps, runs)
+
+
+def _steps_of_ok_trials(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """The steps of trials still ok after the late numerics check."""
+    failed = runs[(runs["late_check"].fillna("") != "") & (runs["status"] != "ok")]
+    if failed.empty or steps.empty:
+        return steps
+    keys = [*CELL_KEYS, "trial"]
+    dropped = set(failed[keys].itertuples(index=False, name=None))
+    kept = [key not in dropped for key in steps[keys].itertuples(index=False, name=None)]
+    return steps[kept].reset_index(drop=True)
 
 
 def load_records(paths: Iterable[str | Path]) -> pd.DataFrame:
@@ -349,7 +393,7 @@ def _field_defaults(cls: type) -> dict[str, Any]:
 _PARTS = {"cell": CellSpec, "metrics": Metrics, "numerics": NumericsCheck, "provenance": Provenance}
 _DEFAULTS = {name: _field_defaults(cls) for name, cls in _PARTS.items()}
 _CELL_DEFAULTS = _DEFAULTS["cell"]
-_REQUIRED_CELL_KEYS = [name for name in CELL_COLUMNS if name not in _CELL_DEFAULTS]
+_REQUIRED_CELL_KEYS = [name for name in CELL_FIELDS if name not in _CELL_DEFAULTS]
 
 
 def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -359,11 +403,12 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
     packages = provenance.get("packages")
     packages = packages if isinstance(packages, dict) else {}
     return {
-        **{key: cell.get(key) for key in CELL_COLUMNS},
+        **{column: cell.get(name) for name, column in zip(CELL_FIELDS, CELL_COLUMNS, strict=True)},
         "status": data["status"],
         "reason": data.get("reason", ""),
         **{key: metrics.get(key) for key in METRIC_COLUMNS},
         **{f"numerics_{key}": numerics.get(key) for key in NUMERICS_FIELDS},
+        "late_check": recorded_late_check((data.get("metrics") or {}).get("loss_last")),
         **{key: provenance.get(key) for key in PROVENANCE_COLUMNS if key not in PACKAGE_COLUMNS},
         **{key: packages.get(key, "") for key in PACKAGE_COLUMNS},
         "started_at": data.get("started_at", ""),
@@ -465,17 +510,24 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     Throughput statistics use the ``ok`` trials only: the median with its distribution-free
     interval (:func:`ptspeed.stats.summarise`), minimum, maximum, and ``cv`` (sample standard
     deviation over the mean, NaN with fewer than two ok trials).
+
+    ``compile_time_s`` is the one-off cost of a variant's first step, as the dynamo benchmark
+    harness reports compilation latency: the median first step of its ok trials minus the
+    median first step of the eager cell of the same environment, model, mode and sizes (NaN for
+    eager itself or without an eager cell). Where records say which compiler cache a trial
+    found (``compiler_cache``: ``cold`` or ``warm``), ``compile_time_cold_s`` and
+    ``compile_time_warm_s`` are the same over those trials alone.
     """
     known = runs[~(runs["status"].isin([MISSING, UNREADABLE, STALE]) & runs["env"].isna())]
     if known.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
-    columns = {name: known[name].to_numpy(dtype=object) for name in _SUMMARY_INPUTS}
+    columns = {name: _values(known, name) for name in _SUMMARY_INPUTS}
     rows = []
     for positions in group_positions(known, CELL_KEYS):
         trials = {name: values[positions] for name, values in columns.items()}
         key = {name: trials[name][0] for name in CELL_KEYS}
-        rows.append({**key, **_cell_stats(trials)})
-    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+        rows.append({**key, **_cell_stats(trials), **_first_steps(trials)})
+    summary = pd.DataFrame(_with_compile_times(rows), columns=SUMMARY_COLUMNS)
     for column in SIZE_KEYS:
         summary[column] = summary[column].astype("Int64")
     return summary
@@ -490,7 +542,45 @@ _SUMMARY_INPUTS = [
     "peak_memory_bytes",
     "memory_kind",
     "retried_from_batch_size",
+    "knobs",
+    "compiler_cache",
 ]
+COMPILER_CACHES = ("cold", "warm")
+
+
+def _first_steps(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Whether the cell is eager, and its median first step over the ok trials: all of them,
+    then those that found a cold or a warm compiler cache."""
+    ok = trials["status"] == "ok"
+    caches = trials["compiler_cache"]
+    medians = {
+        f"_first_step_{cache}": _median_of(trials["first_step_s"][ok & (caches == cache)])
+        for cache in COMPILER_CACHES
+    }
+    is_eager = all(knobs == "eager" for knobs in trials["knobs"])
+    return {
+        "_eager": is_eager,
+        "_first_step_all": _median_of(trials["first_step_s"][ok]),
+        **medians,
+    }
+
+
+def _with_compile_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's compile times: its median first steps minus its eager cell's."""
+    place = ["env", "model", "mode", *SIZE_KEYS]
+    eager = {tuple(r[k] for k in place): r["_first_step_all"] for r in rows if r["_eager"]}
+    for row in rows:
+        reference = math.nan if row["_eager"] else eager.get(tuple(row[k] for k in place), math.nan)
+        for suffix, first_step in (("", "all"), *((f"_{c}", c) for c in COMPILER_CACHES)):
+            row[f"compile_time{suffix}_s"] = row[f"_first_step_{first_step}"] - reference
+    return rows
+
+
+def _values(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """A column's values; blanks for a column older records lack (e.g. compiler_cache)."""
+    if column in frame.columns:
+        return frame[column].to_numpy(dtype=object)
+    return np.full(len(frame), "", dtype=object)
 
 
 def group_positions(frame: pd.DataFrame, keys: Sequence[str]) -> list[np.ndarray]:
@@ -611,12 +701,16 @@ def speedups(
     """One row per comparison x model x mode (configuration order), columns :data:`SPEEDUP_COLUMNS`,
     then, per comparison, one row for each model its claim names that the matrix lacks.
 
-    ``speedup`` is the candidate's median throughput over the baseline's, NaN when either side has
-    no ok trial. Published figures come from ``claims`` (the parsed ``claims.yaml``) through the
-    comparison's ``claim`` key. Where the summary holds several sizes of one cell, the size set in
+    ``speedup`` is the Hodges–Lehmann ratio of the ok trials (the median of the pairwise
+    candidate / baseline throughput ratios, :func:`ptspeed.stats.speedup`); without ``runs`` it
+    is the ratio of the summary's medians; NaN when either side has no ok trial. Published
+    figures come from ``claims`` (the parsed ``claims.yaml``) through the comparison's ``claim``
+    key. Where the summary holds several sizes of one cell, the size set in
     the configuration for ``config['device']`` is used, else the largest batch both sides share.
-    With ``runs`` (the per-trial records), each speedup gets its bootstrap interval and a
-    Mann-Whitney p-value (:func:`bootstrap_speedup`) and claims get a verdict.
+    With ``runs`` (the per-trial records), each speedup gets its exact interval
+    (``speedup_low``, ``speedup_high``), the confidence that interval achieves at the trials'
+    n (``speedup_confidence``: below 0.95 where too few trials reach 0.95) and a Mann-Whitney
+    p-value, and claims get a verdict.
     """
     check_config(config)
     claims = claims or {}
@@ -670,23 +764,12 @@ def _side_index(runs: pd.DataFrame) -> dict[tuple[Any, ...], _Side]:
         side.rates.append(float(rate))
         device_class = "cpu" if pd.isna(device_index) else "cuda"
         side.devices[_device_label(device_name, device_class)] = None
-        side.precisions[_precision_of(precision, knobs, device_class)] = None
+        side.precisions[precision_of(precision, knobs, device_class)] = None
     return index
 
 
 def _device_label(device_name: Any, device_class: str) -> str:
     return f"{device_name} ({device_class})" if isinstance(device_name, str) else device_class
-
-
-def _precision_of(recorded: Any, knobs: Any, device_class: str) -> str:
-    """The precision a run computed in: as its numerics check recorded it, else from its knobs
-    (eager fp32 is not checked, being the reference itself)."""
-    if isinstance(recorded, str) and recorded:
-        return recorded
-    try:
-        return parse_knobs(str(knobs)).precision(device_class)
-    except BadInput:
-        return "unknown"
 
 
 def _speedup_row(
@@ -712,7 +795,7 @@ def _speedup_row(
     }
     row["speedup"] = _ratio(row["candidate_samples_per_s"], row["baseline_samples_per_s"])
     sides = _trial_sides(index, base_spec, cand_spec, model, mode, size)
-    row.update(_interval(*sides))
+    row.update(_interval(*sides, row["speedup"]))
     row.update(_measured_on(*sides))
     row["verdict"], row["verdict_reason"] = verdict(row, claims, config.get("device", ""))
     return row
@@ -757,8 +840,7 @@ def _unmatrixed_claim_rows(
             **dict.fromkeys(SIZE_KEYS, pd.NA),
             **_side("baseline", None),
             **_side("candidate", None),
-            "speedup": math.nan,
-            **_interval(None, None),
+            **_interval(None, None, math.nan),
             **_measured_on(None, None),
             "verdict": NOT_MEASURED,
             "verdict_reason": f"{model} is not in the benchmark matrix (config models)",
@@ -782,18 +864,23 @@ def _trial_sides(
     return base, cand
 
 
-def _interval(base: _Side | None, cand: _Side | None) -> dict[str, Any]:
+def _interval(base: _Side | None, cand: _Side | None, medians_ratio: float) -> dict[str, Any]:
+    """The speedup of the ok trials with its interval; without trials, the ratio of medians."""
     if base is None or cand is None:
         return {
+            "speedup": medians_ratio,
             "speedup_low": math.nan,
             "speedup_high": math.nan,
+            "speedup_confidence": math.nan,
             "p_value": math.nan,
             "significant": False,
         }
-    ratio = bootstrap_speedup(base.rates, cand.rates)
+    ratio = stats.speedup(base.rates, cand.rates, CONFIDENCE, ALPHA)
     return {
+        "speedup": ratio.estimate,
         "speedup_low": ratio.low,
         "speedup_high": ratio.high,
+        "speedup_confidence": ratio.achieved_confidence,
         "p_value": ratio.p_value,
         "significant": ratio.significant,
     }
@@ -920,11 +1007,13 @@ def verdict(
         )
     if math.isnan(row.get("speedup_low", math.nan)):
         return MEASURED, "too few ok trials for an interval"
+    achieved = row.get("speedup_confidence", math.nan)
     ratio = stats.Ratio(
         estimate=row["speedup"],
         low=row["speedup_low"],
         high=row["speedup_high"],
         confidence=CONFIDENCE,
+        achieved_confidence=achieved,
         method="",
         n_baseline=row["baseline_trials"],
         n_candidate=row["candidate_trials"],
@@ -933,11 +1022,12 @@ def verdict(
         alpha=ALPHA,
     )
     outcome = stats.compare_to_claim(ratio, row["published_speedup"])
-    return CLAIM_VERDICTS[outcome], _claim_context(claims[group], row)
+    return CLAIM_VERDICTS[outcome], _claim_context(claims[group], row, achieved)
 
 
-def _claim_context(group: Mapping[str, Any], row: Mapping[str, Any]) -> str:
-    """Where the claim was made, beside where it was measured."""
+def _claim_context(group: Mapping[str, Any], row: Mapping[str, Any], achieved: float) -> str:
+    """Where the claim was made, beside where it was measured, and the confidence of the
+    interval the verdict rests on where it falls short of :data:`CONFIDENCE`."""
     claimed = [str(p) for p in (group.get("device"), group.get("precision")) if p]
     measured = [str(row.get(k)) for k in ("measured_device", "measured_precision") if row.get(k)]
     parts = []
@@ -945,66 +1035,11 @@ def _claim_context(group: Mapping[str, Any], row: Mapping[str, Any]) -> str:
         parts.append("claimed on " + ", ".join(claimed))
     if measured:
         parts.append("measured on " + ", ".join(measured))
+    note = stats.confidence_note(CONFIDENCE, _as_float(achieved))
+    if note:
+        trials = f"{row['baseline_trials']} and {row['candidate_trials']} ok trials"
+        parts.append(f"interval at {note} confidence ({trials} cannot reach {CONFIDENCE:.0%})")
     return "; ".join(parts)
-
-
-# --- the bootstrap, vectorised -------------------------------------------------------------------
-
-
-def bootstrap_speedup(
-    baseline: Iterable[float],
-    candidate: Iterable[float],
-    confidence: float = CONFIDENCE,
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
-    alpha: float = ALPHA,
-) -> stats.Ratio:
-    """:func:`ptspeed.stats.speedup`, the same result to the last bit, about 20x faster.
-
-    ``stats.speedup`` draws each resample with ``random.Random(seed).choices`` in a Python loop
-    (about 80 ms a speedup; a CI comparison of 1,000 cells took minutes). ``choices`` picks
-    ``population[floor(random() * n)]``, and numpy's legacy Mersenne Twister started from the
-    same state yields the same doubles, so the same resamples are drawn here as one array.
-    """
-    return stats.speedup(
-        baseline, candidate, confidence, resamples, seed, alpha, resample_ratios=_bootstrap_ratios
-    )
-
-
-def _bootstrap_ratios(
-    base: Sequence[float], cand: Sequence[float], resamples: int, seed: int
-) -> list[float]:
-    """Each row of draws is one round of ``stats.bootstrap_ratios``: the baseline's
-    ``choices(k=n_base)`` then the candidate's ``choices(k=n_cand)``."""
-    generator = _numpy_twin(random.Random(seed))
-    n_base, n_cand = len(base), len(cand)
-    draws = generator.random_sample((resamples, n_base + n_cand))
-    base_picks = np.asarray(base)[np.floor(draws[:, :n_base] * float(n_base)).astype(np.intp)]
-    cand_picks = np.asarray(cand)[np.floor(draws[:, n_base:] * float(n_cand)).astype(np.intp)]
-    return np.sort(_row_medians(cand_picks) / _row_medians(base_picks)).tolist()
-
-
-def _numpy_twin(generator: random.Random) -> np.random.RandomState:
-    """A numpy generator whose ``random_sample`` continues ``generator.random()``'s stream."""
-    _, internal_state, _ = generator.getstate()
-    twin = np.random.RandomState()
-    twin.set_state(("MT19937", np.array(internal_state[:-1], dtype=np.uint32), internal_state[-1]))
-    return twin
-
-
-def _row_medians(samples: np.ndarray) -> np.ndarray:
-    middle = samples.shape[1] // 2
-    if samples.shape[1] % 2:
-        return np.partition(samples, middle, axis=1)[:, middle]
-    ordered = np.partition(samples, (middle - 1, middle), axis=1)
-    return (ordered[:, middle - 1] + ordered[:, middle]) / 2.0
-
-
-def _median_of_sorted(values: Sequence[float]) -> float:
-    middle = len(values) // 2
-    if len(values) % 2:
-        return values[middle]
-    return (values[middle - 1] + values[middle]) / 2.0
 
 
 # --- inputs --------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 Two runs (two machines, before and after a change) each give a ``runs.csv``. Cells are matched
 on environment, model, variant, mode and sizes; for each cell present on both sides the ratio
-new / old of median throughput is given with its bootstrap interval and Mann–Whitney p-value
-(:func:`ptspeed.aggregate.bootstrap_speedup`, the same numbers as :func:`ptspeed.stats.speedup`),
-and a mark:
+new / old of throughput is given as the report's speedups are (:func:`ptspeed.stats.speedup`:
+the Hodges–Lehmann ratio, its exact interval with the confidence it achieves, and the
+Mann–Whitney p-value), and a mark:
 
 * ``+`` significantly faster: the change is significant and the ratio above ``1 + threshold``;
 * ``-`` significantly slower: significant and the ratio below ``1 - threshold``;
@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from ptspeed import stats
-from ptspeed.aggregate import CELL_KEYS, bootstrap_speedup, read_table, status_counts
+from ptspeed.aggregate import ALPHA, CELL_KEYS, CONFIDENCE, read_table, status_counts
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
 DEFAULT_THRESHOLD = 0.05
@@ -41,6 +41,7 @@ COMPARE_COLUMNS = [
     "ratio",
     "ratio_low",
     "ratio_high",
+    "ratio_confidence",
     "p_value",
     "significant",
     "change",
@@ -140,17 +141,19 @@ def _compared(
         "ratio": math.nan,
         "ratio_low": math.nan,
         "ratio_high": math.nan,
+        "ratio_confidence": math.nan,
         "p_value": math.nan,
         "significant": False,
     }
     absent = _why_not_comparable(old, new)
     if absent:
         return {**row, "mark": NOT_COMPARABLE, "change": absent}
-    ratio = bootstrap_speedup(old["rates"], new["rates"])
+    ratio = stats.speedup(old["rates"], new["rates"], CONFIDENCE, ALPHA)
     row.update(
         ratio=ratio.estimate,
         ratio_low=ratio.low,
         ratio_high=ratio.high,
+        ratio_confidence=ratio.achieved_confidence,
         p_value=ratio.p_value,
         significant=ratio.significant,
     )
@@ -178,7 +181,7 @@ def _judged(ratio: stats.Ratio, threshold: float) -> tuple[str, str]:
     if math.isnan(ratio.low):
         return SAME, "too few ok trials for a test (2 per side needed)"
     if not ratio.significant:
-        floor = smallest_p_value(ratio.n_baseline, ratio.n_candidate)
+        floor = stats.smallest_p_value(ratio.n_baseline, ratio.n_candidate)
         if floor >= ratio.alpha:
             return SAME, (
                 f"too few ok trials to detect a change ({ratio.n_baseline} and "
@@ -190,13 +193,6 @@ def _judged(ratio: stats.Ratio, threshold: float) -> tuple[str, str]:
     if ratio.estimate < 1.0 - threshold:
         return SLOWER, "slower"
     return SAME, f"significant, but within the {threshold:.0%} threshold"
-
-
-def smallest_p_value(n_old: int, n_new: int) -> float:
-    """The smallest two-sided Mann–Whitney p-value any data can give with these trial counts
-    (complete separation): ``2 / C(n_old + n_new, n_old)``. With 3 trials a side it is 0.1, so
-    no change can ever be significant at 0.05."""
-    return min(1.0, 2.0 / math.comb(n_old + n_new, n_old))
 
 
 def regressions(compared: pd.DataFrame) -> pd.DataFrame:
@@ -222,7 +218,7 @@ DISPLAY_HEADERS = [
     "",
     "old samples/s",
     "new samples/s",
-    "ratio [95% interval]",
+    "ratio [interval, 95% unless stated]",
     "p",
     "cell",
     "change",
@@ -236,7 +232,7 @@ def display_rows(compared: pd.DataFrame) -> list[list[str]]:
             row["mark"],
             _rate(row["old_samples_per_s"], row["old_trials"]),
             _rate(row["new_samples_per_s"], row["new_trials"]),
-            _ratio(row["ratio"], row["ratio_low"], row["ratio_high"]),
+            _ratio(row["ratio"], row["ratio_low"], row["ratio_high"], row["ratio_confidence"]),
             "" if math.isnan(row["p_value"]) else f"{row['p_value']:.3g}",
             cell_label(row),
             row["change"],
@@ -261,11 +257,14 @@ def _rate(median: float, trials: int) -> str:
     return f"{'—' if math.isnan(median) else f'{median:.1f}'} (n={trials})"
 
 
-def _ratio(ratio: float, low: float, high: float) -> str:
+def _ratio(ratio: float, low: float, high: float, achieved: float) -> str:
+    """E.g. ``"1.34 [1.10–1.52] 90%"``: the level is shown where it falls short of 95 %."""
     if math.isnan(ratio):
         return "—"
-    interval = "no interval" if math.isnan(low) else f"{low:.2f}–{high:.2f}"
-    return f"{ratio:.2f} [{interval}]"
+    if math.isnan(low):
+        return f"{ratio:.2f} [no interval]"
+    note = stats.confidence_note(CONFIDENCE, achieved)
+    return f"{ratio:.2f} [{low:.2f}–{high:.2f}]" + (f" {note}" if note else "")
 
 
 def as_text(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -92,12 +92,14 @@ def forest_plot(speedups: pd.DataFrame) -> Chart | None:
     ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.tick_params(axis="x", labelsize=FONT)
     ax.set_xlabel(
-        "speedup = candidate / baseline median\n(95% interval; red diamond: published claim)",
+        "speedup = median candidate / baseline ratio\n"
+        "(exact interval, 95% where the trials allow; red diamond: published claim)",
         fontsize=FONT,
     )
     alt = (
-        "Forest plot: the speedup of each comparison and model as a point with its 95% "
-        "bootstrap interval, a dashed line at no change, published claims as red diamonds."
+        "Forest plot: the speedup of each comparison and model as a point with its exact "
+        "interval (95% where the trials allow, else the confidence the seed table states), a "
+        "dashed line at no change, published claims as red diamonds."
     )
     return Chart(alt, _data_uri(figure), _left_out(len(rows), len(shown), "speedups"))
 

@@ -22,13 +22,11 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from ptspeed import stats
+from ptspeed import late_numerics, stats
 from ptspeed.aggregate import (
     ALPHA,
     CONFIDENCE,
-    RESAMPLES,
     RUNS_COLUMNS,
-    SEED,
     SPEEDUP_COLUMNS,
     STEPS_COLUMNS,
     SUMMARY_COLUMNS,
@@ -120,13 +118,18 @@ def format_speedup(speedup: Any) -> str:
     return f"×{ratio:.2f} ({(ratio - 1) * 100:+.0f}%)"
 
 
-def format_speedup_interval(speedup: Any, low: Any, high: Any) -> str:
-    """A ratio with its 95 % interval, e.g. ``"×1.50 (+50%) [1.25–1.80]"``."""
+def format_speedup_interval(speedup: Any, low: Any, high: Any, confidence: Any = None) -> str:
+    """A ratio with its interval, e.g. ``"×1.50 (+50%) [1.25–1.80]"``; where the interval's
+    achieved confidence falls short of the requested 95 % it is shown:
+    ``"×1.34 (+34%) [1.10–1.52] 90%"``."""
     if is_blank(speedup):
         return BLANK
     if is_blank(low) or is_blank(high):
         return f"{format_speedup(speedup)} [no interval]"
-    return f"{format_speedup(speedup)} [{float(low):.2f}–{float(high):.2f}]"
+    achieved = math.nan if is_blank(confidence) else float(confidence)
+    note = stats.confidence_note(CONFIDENCE, achieved)
+    interval = f"{format_speedup(speedup)} [{float(low):.2f}–{float(high):.2f}]"
+    return f"{interval} {note}" if note else interval
 
 
 def format_published(speedup: Any, baseline: Any, candidate: Any) -> str:
@@ -144,6 +147,19 @@ def format_verdict(verdict: Any, reason: Any) -> str:
 
 def format_seconds(value: Any) -> str:
     return BLANK if is_blank(value) else f"{float(value):.2f} s"
+
+
+def format_compile_time(total: Any, cold: Any = None, warm: Any = None) -> str:
+    """The first step's one-off cost beyond eager's, e.g. ``"12.30 s"``; with the compiler
+    cache's kinds apart where records give them: ``"12.30 s (cold 30.10 s, warm 3.20 s)"``."""
+    if is_blank(total):
+        return BLANK
+    kinds = [
+        f"{kind} {format_seconds(value)}"
+        for kind, value in (("cold", cold), ("warm", warm))
+        if not is_blank(value)
+    ]
+    return format_seconds(total) + (f" ({', '.join(kinds)})" if kinds else "")
 
 
 def format_mib(value_bytes: Any) -> str:
@@ -220,7 +236,7 @@ SEED_HEADERS = [
     "batch",
     "baseline samples/s",
     "candidate samples/s",
-    "speedup [95% interval]",
+    "speedup [interval, 95% unless stated]",
     "published",
     "verdict",
 ]
@@ -236,8 +252,10 @@ def seed_section(inputs: ReportInputs) -> Section:
         id="seed-table",
         title="The seed table, measured",
         intro=(
-            "Median throughput over the ok trials of each side (n = ok trials); speedup = "
-            "candidate median / baseline median, with its 95% bootstrap interval. A verdict "
+            "Median throughput over the ok trials of each side (n = ok trials); speedup = the "
+            "median of the candidate / baseline ratios of all trial pairs (Hodges–Lehmann), "
+            "with its exact distribution-free interval: 95% where the trials allow it, else the "
+            "confidence it has, shown beside it (e.g. 90% with 3 trials a side). A verdict "
             "compares the published speedup with that interval, on the device and precision "
             "named."
         ),
@@ -284,7 +302,9 @@ def _seed_row(row: Mapping[str, Any]) -> list[str]:
         format_int(row["batch_size"]),
         format_rate(row["baseline_samples_per_s"], row["baseline_trials"]),
         format_rate(row["candidate_samples_per_s"], row["candidate_trials"]),
-        format_speedup_interval(row["speedup"], row["speedup_low"], row["speedup_high"]),
+        format_speedup_interval(
+            row["speedup"], row["speedup_low"], row["speedup_high"], row["speedup_confidence"]
+        ),
         format_published(
             row["published_speedup"], row["published_baseline"], row["published_candidate"]
         ),
@@ -310,8 +330,9 @@ def claims_section(inputs: ReportInputs) -> Section:
         id="claims",
         title="Speedups against the published claims",
         intro=(
-            "Every measured speedup with its 95% interval (n = ok trials of baseline/candidate); "
-            "a published claim holds on this machine when its figure falls inside the interval."
+            "Every measured speedup with its interval (95%, or the lower confidence too few "
+            "trials give, as the seed table states; n = ok trials of baseline/candidate); a "
+            "published claim holds on this machine when its figure falls inside the interval."
         ),
         blocks=[forest, Block(table=claims_table, heading="Claims")],
     )
@@ -345,11 +366,12 @@ SUMMARY_HEADERS = [
     "image",
     "seq",
     "trials",
-    "median samples/s [95% interval]",
+    "median samples/s [interval, 95% unless stated]",
     "min–max samples/s",
     "cv",
     "noisy",
     "first step",
+    "compile time",
     "peak memory",
 ]
 
@@ -358,7 +380,7 @@ def summary_section(inputs: ReportInputs) -> Section:
     table = Table(
         headers=SUMMARY_HEADERS,
         rows=[_summary_row(row) for row in inputs.summary.to_dict("records")],
-        numeric=frozenset({4, 5, 6, 8, 9, 10, 12, 13}),
+        numeric=frozenset({4, 5, 6, 8, 9, 10, 12, 13, 14}),
         wrap=frozenset({7}),
     )
     throughput = chart_block(
@@ -370,7 +392,9 @@ def summary_section(inputs: ReportInputs) -> Section:
         intro=(
             "One row per environment, model, variant, mode and size. Statistics use the ok "
             "trials (n): the median with its distribution-free interval (its coverage shown "
-            "where too few trials reach 95%), cv = standard deviation / mean."
+            "where too few trials reach 95%), cv = standard deviation / mean. Compile time: the "
+            "median first step beyond the median first step of the same environment's eager "
+            "cell (cold and warm compiler caches apart where the records say which)."
         ),
         blocks=[throughput, Block(table=table)],
     )
@@ -395,6 +419,9 @@ def _summary_row(row: Mapping[str, Any]) -> list[str]:
         format_fraction_as_percent(row["cv"]),
         format_flag(row["noisy"]),
         format_seconds(row["median_first_step_s"]),
+        format_compile_time(
+            row["compile_time_s"], row["compile_time_cold_s"], row["compile_time_warm_s"]
+        ),
         format_mib(row["median_peak_memory_bytes"]),
     ]
 
@@ -528,6 +555,14 @@ def _noisy_row(row: Mapping[str, Any]) -> list[str]:
     ]
 
 
+BACKEND_SETTINGS = {
+    "TF32 matmul": "tf32_matmul",
+    "TF32 cuDNN": "tf32_cudnn",
+    "cudnn.benchmark": "cudnn_benchmark",
+    "float32 matmul precision": "float32_matmul_precision",
+}
+
+
 ENVIRONMENT_FIELDS = {
     "torch": "torch",
     "torchvision": "torchvision",
@@ -535,6 +570,7 @@ ENVIRONMENT_FIELDS = {
     "CUDA": "cuda",
     "cuDNN": "cudnn",
     "GPU": "gpu",
+    **BACKEND_SETTINGS,
     "driver": "gpu_driver",
     "CPU": "cpu_model",
     "logical CPUs": "cpu_count",
@@ -555,13 +591,16 @@ def environments_section(inputs: ReportInputs) -> Section:
     configured = inputs.config.get("environments") or {}
     kinds = [format_text((configured.get(env) or {}).get("kind")) for env in environments]
     groups = {env: recorded[recorded["env"] == env] for env in environments}
+    fields = [
+        [label, *(_distinct(groups[env][column]) for env in environments)]
+        for label, column in ENVIRONMENT_FIELDS.items()
+        if column in recorded.columns
+    ]
     rows = [
         ["kind", *kinds],
         ["records", *(str(len(groups[env])) for env in environments)],
-        *(
-            [label, *(_distinct(groups[env][column]) for env in environments)]
-            for label, column in ENVIRONMENT_FIELDS.items()
-        ),
+        # Backend settings only where some record states them (older records lack them).
+        *(f for f in fields if f[0] not in BACKEND_SETTINGS or set(f[1:]) != {BLANK}),
     ]
     wrap = frozenset(range(1, len(environments) + 1))
     table = Table(headers=["", *environments], rows=rows if environments else [], wrap=wrap)
@@ -570,7 +609,8 @@ def environments_section(inputs: ReportInputs) -> Section:
         title="Environments",
         intro=(
             "What each environment really was, as its records report it (several values: the "
-            "records disagree). GPU is blank for runs on the CPU."
+            "records disagree). GPU is blank for runs on the CPU. TF32 and cudnn.benchmark, "
+            "where the records state them, are the settings each column ran with."
         ),
         blocks=[Block(table=table)],
     )
@@ -600,16 +640,12 @@ def method_section(inputs: ReportInputs) -> Section:
             "its actual coverage",
         ],
         [
-            "speedup interval",
-            f"ratio of median throughputs (candidate / baseline); {CONFIDENCE:.0%} bootstrap "
-            f"percentile interval, both sides resampled independently, {RESAMPLES:,} "
-            f"resamples, seed {SEED}",
+            "speedup",
+            "Hodges–Lehmann shift of log throughput (candidate − baseline), exponentiated: the "
+            "median of the candidate / baseline ratios of all trial pairs",
         ],
-        [
-            "significance",
-            f"two-sided Mann–Whitney U test; significant when p < {ALPHA:g} and the interval "
-            "excludes 1",
-        ],
+        ["speedup interval", _speedup_interval_method(config)],
+        ["significance", _significance_method(config)],
         [
             "noisy",
             f"cv > {stats.NOISE_CV:.0%} or median interval half-width > "
@@ -628,12 +664,93 @@ def method_section(inputs: ReportInputs) -> Section:
             f"{EAGER_ERROR_MULTIPLIER:g} × eager's own error at that precision, 3 × the "
             "difference dropout masks make, for compiled and graph-captured variants)",
         ],
+        ["late numerics check", _late_check_method()],
+        ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
     ]
     return Section(
         id="method",
         title="Method",
         intro="How the numbers above were made.",
         blocks=[Block(table=Table(headers=["", "setting"], rows=rows, wrap=frozenset({1})))],
+    )
+
+
+def _configured_trials(config: Mapping[str, Any]) -> int | None:
+    trials = config.get("trials")
+    return trials if isinstance(trials, int) and not isinstance(trials, bool) and trials else None
+
+
+def _speedup_interval_method(config: Mapping[str, Any]) -> str:
+    needed = stats.trials_for_confidence(CONFIDENCE)
+    text = (
+        "exact distribution-free (Moses) interval of that shift, the inversion of the "
+        "Mann–Whitney test: from the k-th smallest to the k-th largest pairwise ratio, k the "
+        f"largest rank whose exact coverage 1 − 2 P(U ≤ k − 1) reaches {CONFIDENCE:.0%}; "
+        f"{needed} ok trials a side reach {CONFIDENCE:.0%}; with fewer the widest interval (all "
+        "pairs) is shown with the confidence it has. Exact when both sides' noise has one shape "
+        "(a shift of log throughput); it covers somewhat less where their spreads differ widely"
+    )
+    trials = _configured_trials(config)
+    if trials is None or trials < 2:
+        return text
+    _, achieved = stats.shift_interval_rank(trials, trials, CONFIDENCE)
+    return text + f"; this run's {trials} trials a side give {achieved:.1%}"
+
+
+def _significance_method(config: Mapping[str, Any]) -> str:
+    text = (
+        "two-sided Mann–Whitney U test (exact; the normal approximation with tie correction "
+        f"where trials tie); significant when p < {ALPHA:g} and the interval excludes 1"
+    )
+    trials = _configured_trials(config)
+    if trials is None:
+        return text
+    floor = stats.smallest_p_value(trials, trials)
+    text += (
+        f"; with {trials} trials a side p cannot fall below 2 / C({2 * trials}, {trials}) "
+        f"= {floor:.2g}"
+    )
+    return text + (", so no difference can be significant" if floor >= ALPHA else "")
+
+
+def _late_check_method() -> str:
+    bounds = late_numerics.LATE_TOLERANCES.items()
+    tolerances = ", ".join(f"{name} {value:.1%}" for name, value in bounds)
+    chaotic = ", ".join(
+        f"{model} on {device} {value:.0%}"
+        for (model, device), value in late_numerics.LATE_MODEL_ALLOWANCES.items()
+    )
+    return (
+        "each train-mode variant's last loss against the same environment's eager cell "
+        "(same model, sizes and seed: the same seeded trajectory); relative error allowed: the "
+        f"largest of the precision's bound ({tolerances}), the model's where its training is "
+        f"too chaotic for it ({chaotic}: only gross errors are caught there) and "
+        f"{late_numerics.EAGER_SPREAD_MULTIPLIER:g} × the eager trials' own spread; a non-finite "
+        "last loss always fails; a failing trial becomes numerics_mismatch and leaves the "
+        "statistics"
+    )
+
+
+def _backend_settings(runs: pd.DataFrame) -> str:
+    """What each environment's records say it ran with, e.g. ``"torch-2.0: TF32 matmul
+    False, …"``; these settings are what each column's numbers were made with."""
+    present = [c for c in BACKEND_SETTINGS.values() if c in runs.columns]
+    recorded = runs[runs["env"].notna()]
+    parts = []
+    for env in sorted(recorded["env"].unique()):
+        group = recorded[recorded["env"] == env]
+        settings = [
+            f"{label} {_distinct(group[column])}"
+            for label, column in BACKEND_SETTINGS.items()
+            if column in present and _distinct(group[column]) != BLANK
+        ]
+        if settings:
+            parts.append(f"{env}: " + ", ".join(settings))
+    if not parts:
+        return "not recorded by these records (older cells); see each column's torch defaults"
+    return (
+        "each column ran with the settings its records state (also in Environments): "
+        + "; ".join(parts)
     )
 
 

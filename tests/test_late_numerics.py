@@ -1,0 +1,281 @@
+"""The late numerics check in aggregation, and compile times in the summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from test_aggregate import make_record
+
+from ptspeed.aggregate import load_tables, read_table, summarise
+from ptspeed.late_numerics import (
+    LATE_MODEL_ALLOWANCES,
+    LATE_TOLERANCES,
+    allowed_error,
+    non_finite_loss,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+EAGER_LOSS = 1.788334846496582  # mlp, seed 0, 13 steps: eager's last loss measured on the CPU
+LATE_FAULT_SCALE = 1.1  # the harness's `late` fault: every loss x 1.1 after the checked steps
+
+
+def write(
+    directory: Path,
+    env: str,
+    variant: str,
+    trial: int,
+    loss_last: Any,
+    *,
+    knobs: str | None = None,
+    mode: str = "train",
+    first_step_s: float | None = None,
+    compiler_cache: str | None = None,
+    model: str = "gpt2",
+) -> Path:
+    """A record of ``variant`` with the given last loss (anything JSON can hold)."""
+    record = make_record(env, model, variant, trial, "ok", 100.0 + trial)
+    record.cell.knobs = knobs or variant
+    record.cell.mode = mode
+    data = record.to_dict()
+    data["metrics"]["loss_last"] = loss_last
+    if first_step_s is not None:
+        data["metrics"]["first_step_s"] = first_step_s
+    if compiler_cache is not None:
+        data["metrics"]["compiler_cache"] = compiler_cache
+    path = directory / f"{env}_{model}_{variant}_{mode}_{trial}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, allow_nan=True), encoding="utf-8")
+    return path
+
+
+def row_of(runs: pd.DataFrame, env: str, variant: str, trial: int = 0) -> dict[str, Any]:
+    [row] = runs[
+        (runs["env"] == env) & (runs["variant"] == variant) & (runs["trial"] == trial)
+    ].to_dict("records")
+    return row
+
+
+def eager_trials(directory: Path, env: str = "torch-2.0", **kwargs: Any) -> list[Path]:
+    return [write(directory, env, "eager", trial, EAGER_LOSS, **kwargs) for trial in range(3)]
+
+
+def test_a_correct_variant_passes_and_stays_ok(tmp_path: Path) -> None:
+    paths = [
+        *eager_trials(tmp_path),
+        write(tmp_path, "torch-2.0", "compile", 0, EAGER_LOSS * 1.001),
+    ]
+    runs, _ = load_tables(paths)
+    row = row_of(runs, "torch-2.0", "compile")
+    assert row["status"] == "ok"
+    assert row["late_check"] == "passed"
+    assert row["late_reference_loss"] == EAGER_LOSS
+    assert row["late_loss_error"] == pytest.approx(0.001)
+    assert row["late_allowed_error"] == LATE_TOLERANCES["fp32"]
+    assert row_of(runs, "torch-2.0", "eager")["late_check"] == "reference"
+
+
+def test_the_late_fault_is_a_mismatch_and_leaves_the_statistics(tmp_path: Path) -> None:
+    wrong = EAGER_LOSS * LATE_FAULT_SCALE
+    paths = [
+        *eager_trials(tmp_path),
+        write(tmp_path, "torch-2.0", "compile", 0, wrong),
+        write(tmp_path, "torch-2.0", "compile", 1, EAGER_LOSS),
+    ]
+    runs, steps = load_tables(paths)
+    row = row_of(runs, "torch-2.0", "compile")
+    assert row["status"] == "numerics_mismatch"
+    assert row["late_check"] == "mismatch"
+    assert row["late_loss_error"] == pytest.approx(0.1)
+    assert row["reason"] == (
+        f"late numerics check: last loss {wrong:.6g} is 10.00% from the eager cell's "
+        f"{EAGER_LOSS:.6g} (allowed {LATE_TOLERANCES['fp32']:.1%} at fp32)"
+    )
+    compiled = steps[steps["variant"] == "compile"]
+    assert set(compiled["trial"]) == {1}  # the wrong trial's steps are gone
+    [cell] = summarise(runs)[lambda s: s["variant"] == "compile"].to_dict("records")
+    assert (cell["ok_trials"], cell["statuses"]) == (1, "ok:1 numerics_mismatch:1")
+    assert cell["median_samples_per_s"] == 101.0
+    assert "late numerics check" in cell["reasons"]
+
+
+@pytest.mark.parametrize(
+    ("precision_knobs", "allowed"), [("amp=bf16", "bf16"), ("compile", "fp32")]
+)
+def test_the_allowance_follows_the_precision(
+    tmp_path: Path, precision_knobs: str, allowed: str
+) -> None:
+    between = (LATE_TOLERANCES["fp32"] + LATE_TOLERANCES["bf16"]) / 2
+    paths = [*eager_trials(tmp_path), write(tmp_path, "torch-2.0", precision_knobs, 0,
+                                            EAGER_LOSS * (1 + between))]  # fmt: skip
+    row = row_of(load_tables(paths)[0], "torch-2.0", precision_knobs)
+    assert row["late_allowed_error"] == LATE_TOLERANCES[allowed]
+    assert row["status"] == ("ok" if allowed == "bf16" else "numerics_mismatch")
+
+
+def test_every_precision_s_tolerance_catches_the_late_fault() -> None:
+    # With room for a correct variant's drift: the fault's error is at least 10 % - drift.
+    assert all(allowed <= (LATE_FAULT_SCALE - 1) / 2 for allowed in LATE_TOLERANCES.values())
+
+
+def test_a_chaotic_model_gets_its_measured_allowance(tmp_path: Path) -> None:
+    drifted = EAGER_LOSS * 1.074  # channels_last's measured drift on the CPU
+    paths = [
+        *eager_trials(tmp_path, model="resnet50"),
+        write(tmp_path, "torch-2.0", "channels_last", 0, drifted, model="resnet50"),
+    ]
+    row = row_of(load_tables(paths)[0], "torch-2.0", "channels_last")
+    assert row["late_allowed_error"] == LATE_MODEL_ALLOWANCES[("resnet50", "cpu")]
+    assert (row["status"], row["late_check"]) == ("ok", "passed")
+    assert allowed_error("fp32", "resnet50", "cuda", 0.0) == LATE_TOLERANCES["fp32"]
+
+
+def test_eager_s_own_spread_widens_the_bound(tmp_path: Path) -> None:
+    # Nondeterministic kernels (a GPU) make eager's trials differ: 3 x their spread is allowed.
+    eager = [write(tmp_path, "torch-2.0", "eager", t, EAGER_LOSS * f)
+             for t, f in enumerate((0.98, 1.0, 1.02))]  # fmt: skip
+    paths = [*eager, write(tmp_path, "torch-2.0", "compile", 0, EAGER_LOSS * 1.1)]
+    row = row_of(load_tables(paths)[0], "torch-2.0", "compile")
+    assert row["late_allowed_error"] == pytest.approx(3 * 0.04)
+    assert row["status"] == "ok"
+
+
+def test_an_unknown_precision_is_refused() -> None:
+    with pytest.raises(ValueError, match="no late tolerance for precision 'int8'"):
+        allowed_error("int8", "mlp", "cpu", 0.0)
+
+
+@pytest.mark.parametrize("loss", [math.nan, math.inf, "nan", "-inf"])
+@pytest.mark.parametrize("variant", ["compile", "eager"])
+def test_a_non_finite_last_loss_is_a_mismatch(tmp_path: Path, loss: Any, variant: str) -> None:
+    paths = [
+        write(tmp_path, "torch-2.0", "eager", 1, EAGER_LOSS),
+        write(tmp_path, "torch-2.0", variant, 0, loss),
+    ]
+    runs, _ = load_tables(paths)
+    row = row_of(runs, "torch-2.0", variant)
+    assert row["status"] == "numerics_mismatch"
+    assert row["late_check"].startswith("mismatch: the last loss is not finite")
+    assert row["reason"].startswith("late numerics check: the last loss is not finite")
+
+
+def test_only_the_same_environment_s_eager_is_the_reference(tmp_path: Path) -> None:
+    paths = [
+        *eager_trials(tmp_path, "torch-1.13"),
+        write(tmp_path, "torch-2.0", "compile", 0, EAGER_LOSS * LATE_FAULT_SCALE),
+    ]
+    row = row_of(load_tables(paths)[0], "torch-2.0", "compile")
+    assert row["status"] == "ok"
+    assert row["late_check"] == (
+        "not checked: no ok eager trial of this environment, model, sizes and seed"
+    )
+    assert math.isnan(row["late_loss_error"])
+
+
+def test_unrecorded_losses_and_infer_mode_are_not_checked(tmp_path: Path) -> None:
+    paths = [
+        *eager_trials(tmp_path),
+        write(tmp_path, "torch-2.0", "compile", 0, None),
+        write(tmp_path, "torch-2.0", "compile", 1, 99.0, mode="infer"),
+    ]
+    runs, _ = load_tables(paths)
+    assert row_of(runs, "torch-2.0", "compile", 0)["late_check"] == (
+        "not checked: no last loss recorded"
+    )
+    infer = row_of(runs, "torch-2.0", "compile", 1)
+    assert (infer["status"], infer["late_check"]) == ("ok", "")
+
+
+def test_late_columns_survive_the_csv(tmp_path: Path) -> None:
+    paths = [*eager_trials(tmp_path), write(tmp_path, "torch-2.0", "compile", 0, EAGER_LOSS * 2)]
+    runs, _ = load_tables(paths)
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    again = read_table(tmp_path / "runs.csv")
+    row = row_of(again, "torch-2.0", "compile")
+    assert (row["status"], row["late_check"]) == ("numerics_mismatch", "mismatch")
+    assert row["late_loss_error"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(math.nan, "nan"), (-math.inf, "-inf"), ("Infinity", "Infinity"), (1.5, ""), (None, ""),
+     ("1.5", ""), ("n/a", ""), (True, "")],
+)  # fmt: skip
+def test_non_finite_loss(value: Any, shown: str) -> None:
+    assert non_finite_loss(value) == shown
+
+
+# --- compile time --------------------------------------------------------------------------------
+
+
+def test_compile_time_is_the_first_step_beyond_eager_s(tmp_path: Path) -> None:
+    paths = [
+        *(write(tmp_path, "torch-2.0", "eager", t, EAGER_LOSS, first_step_s=1.0 + t / 10)
+          for t in range(3)),  # median 1.1 s
+        write(tmp_path, "torch-2.0", "compile", 0, EAGER_LOSS, first_step_s=31.1,
+              compiler_cache="cold"),
+        write(tmp_path, "torch-2.0", "compile", 1, EAGER_LOSS, first_step_s=6.1,
+              compiler_cache="warm"),
+        write(tmp_path, "torch-2.0", "compile", 2, EAGER_LOSS, first_step_s=4.1,
+              compiler_cache="warm"),
+        write(tmp_path, "torch-1.13", "compile", 0, EAGER_LOSS, first_step_s=9.0),
+    ]  # fmt: skip
+    summary = summarise(load_tables(paths)[0]).set_index(["env", "variant"])
+    compiled = summary.loc[("torch-2.0", "compile")]
+    assert compiled["compile_time_s"] == pytest.approx(6.1 - 1.1)
+    assert compiled["compile_time_cold_s"] == pytest.approx(30.0)
+    assert compiled["compile_time_warm_s"] == pytest.approx((6.1 + 4.1) / 2 - 1.1)
+    assert math.isnan(summary.loc[("torch-2.0", "eager")]["compile_time_s"])
+    assert math.isnan(summary.loc[("torch-1.13", "compile")]["compile_time_s"])  # no eager there
+
+
+def test_records_without_cache_kinds_have_no_cold_or_warm_times(tmp_path: Path) -> None:
+    paths = [
+        write(tmp_path, "torch-2.0", "eager", 0, EAGER_LOSS, first_step_s=1.0),
+        write(tmp_path, "torch-2.0", "compile", 0, EAGER_LOSS, first_step_s=3.0),
+    ]
+    compiled = summarise(load_tables(paths)[0]).set_index("variant").loc["compile"]
+    assert compiled["compile_time_s"] == pytest.approx(2.0)
+    assert math.isnan(compiled["compile_time_cold_s"]) and math.isnan(
+        compiled["compile_time_warm_s"]
+    )
+
+
+# --- real cells ----------------------------------------------------------------------------------
+
+
+def run_cell(out: Path, variant: str) -> dict[str, Any]:
+    command = [
+        sys.executable, "-m", "ptspeed", "cell", "--model", "mlp", "--variant", variant,
+        "--mode", "train", "--batch-size", "32", "--device", "cpu", "--threads", "1",
+        "--env", "host", "--out", str(out),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, cwd=REPO, capture_output=True, timeout=600)
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+@pytest.mark.slow
+def test_real_mlp_cells_pass_and_a_late_error_is_caught(tmp_path: Path) -> None:
+    eager = tmp_path / "eager.json"
+    bf16 = tmp_path / "bf16.json"
+    run_cell(eager, "eager")
+    data = run_cell(bf16, "amp=bf16")
+    runs, _ = load_tables([eager, bf16])
+    row = runs[runs["variant"] == "amp=bf16"].iloc[0]
+    assert (row["status"], row["late_check"]) == ("ok", "passed")
+    assert row["late_loss_error"] < row["late_allowed_error"]
+    # What the harness's `late` fault does to the last loss: x 1.1 after the checked steps.
+    data["metrics"]["loss_last"] *= LATE_FAULT_SCALE
+    write_record_json(bf16, data)
+    row = load_tables([eager, bf16])[0].query("variant == 'amp=bf16'").iloc[0]
+    assert (row["status"], row["late_check"]) == ("numerics_mismatch", "mismatch")
+
+
+def write_record_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data), encoding="utf-8")
