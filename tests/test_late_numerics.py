@@ -173,7 +173,7 @@ def test_only_the_same_environment_s_eager_is_the_reference(tmp_path: Path) -> N
     row = row_of(load_tables(paths)[0], "torch-2.0", "compile")
     assert row["status"] == "ok"
     assert row["late_check"] == (
-        "not checked: no ok eager trial of this environment, model, sizes and seed"
+        "not checked: no ok eager trial of this environment, model, sizes, seed and step count"
     )
     assert math.isnan(row["late_loss_error"])
 

@@ -321,6 +321,11 @@ def _stand_in_row(path: Path, status: str, reason: str) -> dict[str, Any]:
     return {"record_path": str(path), **cell_from_path(path), "status": status, "reason": reason}
 
 
+def _recorded_loss(metrics: Mapping[str, Any]) -> Any:
+    """The last loss as recorded: a non-finite one is written as its text ('nan', 'inf')."""
+    return metrics.get("non_finite_loss") or metrics.get("loss_last")
+
+
 def cell_from_path(path: str | Path) -> dict[str, Any]:
     """The cell a record path names in the workflow's layout, else ``{}``:
     ``.../records/<env>/<model>/<variant>/<mode>/b<B>[-i<I>][-s<S>]/trial<N>.json``.
@@ -408,7 +413,7 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
         "reason": data.get("reason", ""),
         **{key: metrics.get(key) for key in METRIC_COLUMNS},
         **{f"numerics_{key}": numerics.get(key) for key in NUMERICS_FIELDS},
-        "late_check": recorded_late_check((data.get("metrics") or {}).get("loss_last")),
+        "late_check": recorded_late_check(_recorded_loss(data.get("metrics") or {})),
         **{key: provenance.get(key) for key in PROVENANCE_COLUMNS if key not in PACKAGE_COLUMNS},
         **{key: packages.get(key, "") for key in PACKAGE_COLUMNS},
         "started_at": data.get("started_at", ""),

@@ -249,8 +249,17 @@ def _measure_variant(
     )
     metrics = placement.combine(metrics)
     if spec.mode == "train":
+        last_loss = float(last_output.float().item())
         metrics.loss_first = finite_or_none(warmup.first_loss)
-        metrics.loss_last = finite_or_none(float(last_output.float().item()))
+        metrics.loss_last = finite_or_none(last_loss)
+        metrics.non_finite_loss = next(
+            (
+                str(x)
+                for x in (warmup.first_loss, last_loss)
+                if x is not None and not math.isfinite(x)
+            ),
+            "",
+        )
     return VariantRun(metrics=metrics, checks=checks, check_from=plan.check_from)
 
 

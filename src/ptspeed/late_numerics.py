@@ -41,7 +41,19 @@ from ptspeed.knobs import BadInput, parse_knobs
 
 NUMERICS_MISMATCH = "numerics_mismatch"
 REFERENCE_KNOBS = "eager"
-MATCH_KEYS = ["env", "model", "mode", "batch_size", "image_size", "seq_len", "seed"]
+# The same trajectory: a knob whose one-off work or check steps lengthen the warm-up (a CUDA
+# graph's capture) ran more steps than eager, and its last loss is not comparable.
+MATCH_KEYS = [
+    "env",
+    "model",
+    "mode",
+    "batch_size",
+    "image_size",
+    "seq_len",
+    "seed",
+    "warmup_steps_run",
+    "measured_steps",
+]
 LATE_COLUMNS = ["late_reference_loss", "late_loss_error", "late_allowed_error", "late_check"]
 
 LATE_TOLERANCES: Mapping[str, float] = {"fp32": 0.02, "tf32": 0.04, "bf16": 0.04, "fp16": 0.04}
@@ -74,7 +86,7 @@ cell).
 
 EAGER_SPREAD_MULTIPLIER = 3.0
 """The allowed error is at least this times the eager trials' own relative spread of last
-losses, as the cell's numerics check allows 3 x eager's reseeded difference."""
+losses, as the cell's numerics check allows 3 x eager's spread."""
 
 PASSED = "passed"
 REFERENCE = "reference"
@@ -198,7 +210,7 @@ def _late_outcome(row: Mapping[str, Any], eager: tuple[float, float] | None) -> 
         return {"late_check": REFERENCE, "late_reference_loss": reference}
     if reference is None:
         return {"late_check": f"{NOT_CHECKED}: no ok eager trial of this environment, model, "
-                "sizes and seed"}  # fmt: skip
+                "sizes, seed and step count"}  # fmt: skip
     loss = row["loss_last"]
     if pd.isna(loss):
         return {"late_check": f"{NOT_CHECKED}: no last loss recorded"}

@@ -20,12 +20,14 @@ The reference is an eager fp64 step where one can run; as in PyTorch's own compi
 an eager step at the variant's precision (fp32 with TF32 off, TF32, or fp16/bf16 autocast)
 measures how far that precision itself is from fp64. For each quantity the variant passes
 when its error is at most the largest of: the tolerance of its precision; 5 x eager's own
-error at that precision against fp64 (ill-conditioned steps, low-precision gradients); 3 x
-the difference between two eager steps whose random ops are seeded differently, only for
-variants that draw their own random numbers (compiled graphs, CUDA graphs: their dropout
-masks cannot match eager's). Tolerances: fp32 0.5 % (reassociation, compilers' approximations
-of transcendental functions), TF32 1 % (10-bit mantissa in matmuls and convolutions), fp16
-2 %, bf16 5 % (11 and 8 significant bits). Without an fp64 step the variant is compared with
+error at that precision against fp64 (low-precision gradients); 3 x eager's *spread*: how far
+an eager step moves when the snapshot's weights are perturbed by one fp32 rounding unit (an
+ill-conditioned step, such as batch norm over a handful of values, amplifies any reordering
+of sums, which is all a correct fp32 variant such as channels_last does) and, for variants
+that draw their own random numbers (compiled graphs, CUDA graphs), its random ops seeded
+differently (their dropout masks cannot match eager's). Tolerances: fp32 0.5 %
+(reassociation, compilers' approximations of transcendental functions), TF32 1 % (10-bit
+mantissa in matmuls and convolutions), fp16 2 %, bf16 5 % (11 and 8 significant bits). Without an fp64 step the variant is compared with
 the eager step at its precision. A non-finite value is an infinite error.
 """
 
@@ -40,7 +42,7 @@ from ptspeed.record import NumericsCheck
 
 TOLERANCES = {"fp32": 5e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 5e-2}
 EAGER_ERROR_MULTIPLIER = 5.0
-RESEEDED_ERROR_MULTIPLIER = 3.0
+SPREAD_ERROR_MULTIPLIER = 3.0
 TINY = 1e-12
 TRAIN_QUANTITIES = ("loss", "gradients", "update")
 INFER_QUANTITIES = ("output",)
@@ -119,13 +121,13 @@ def compared_quantities(mode: str, values: StepValues) -> tuple[str, ...]:
 @dataclass
 class StepErrors:
     """One check step's relative errors by quantity: the variant's against the reference
-    (fp64, else eager at its precision), eager's against fp64 ({} without fp64), and the
-    difference of eager steps seeded differently ({} unless the variant draws its own random
-    numbers)."""
+    (fp64, else eager at its precision), eager's against fp64 ({} without fp64), and eager's
+    spread (an eager step from perturbed weights, reseeded for variants with their own random
+    numbers, against eager)."""
 
     variant: dict[str, float]
     eager: dict[str, float]
-    reseeded: dict[str, float]
+    spread: dict[str, float]
     values: tuple[float | None, float | None, float | None]  # variant, eager, fp64 summaries
 
 
@@ -134,7 +136,7 @@ def step_errors(
     variant: StepValues,
     eager: StepValues,
     fp64: StepValues | None,
-    reseeded: StepValues | None = None,
+    spread: StepValues | None = None,
 ) -> StepErrors:
     """Compare one check step's values with the eager steps from the same snapshot."""
     reference = fp64 or eager
@@ -142,10 +144,8 @@ def step_errors(
     return StepErrors(
         variant={q: relative_error(variant.quantity(q), reference.quantity(q)) for q in quantities},
         eager={q: relative_error(eager.quantity(q), fp64.quantity(q)) for q in quantities if fp64},
-        reseeded={
-            q: relative_error(reseeded.quantity(q), eager.quantity(q))
-            for q in quantities
-            if reseeded
+        spread={
+            q: relative_error(spread.quantity(q), eager.quantity(q)) for q in quantities if spread
         },
         values=(_summary(variant, mode), _summary(eager, mode), fp64 and _summary(fp64, mode)),
     )
@@ -156,12 +156,12 @@ def judge(steps: list[StepErrors], precision: str, with_fp64: bool) -> NumericsC
     tolerance = TOLERANCES[precision]
     errors = _worst_by_quantity(step.variant for step in steps)
     eager_errors = _worst_by_quantity(step.eager for step in steps)
-    reseeded_errors = _worst_by_quantity(step.reseeded for step in steps)
+    spread_errors = _worst_by_quantity(step.spread for step in steps)
     allowed = {
         q: max(
             tolerance,
             EAGER_ERROR_MULTIPLIER * eager_errors.get(q, 0.0),
-            RESEEDED_ERROR_MULTIPLIER * reseeded_errors.get(q, 0.0),
+            SPREAD_ERROR_MULTIPLIER * spread_errors.get(q, 0.0),
         )
         for q in errors
     }
@@ -177,7 +177,7 @@ def judge(steps: list[StepErrors], precision: str, with_fp64: bool) -> NumericsC
         errors=_finite_map(errors),
         allowed_errors=_finite_map(allowed),
         eager_error=_finite(eager_errors[worst]) if worst in eager_errors else None,
-        eager_reseeded_error=_finite(reseeded_errors.get(worst, 0.0)),
+        eager_spread_error=_finite(spread_errors.get(worst, 0.0)),
         allowed_error=_finite(allowed[worst]),
         max_relative_error=_finite(errors[worst]),
         variant_values=[step.values[0] for step in steps],

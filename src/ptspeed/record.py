@@ -118,7 +118,15 @@ class Metrics:
         "'cuda_allocator_peak' (torch.cuda.max_memory_allocated) or 'process_peak_rss'.", ""
     )
     loss_first: Optional[float] = _doc("Loss of the first step (train mode).", None)
-    loss_last: Optional[float] = _doc("Loss of the last measured step (train mode).", None)
+    loss_last: Optional[float] = _doc(
+        "Loss of the last measured step (train mode); null when not finite (see non_finite_loss).",
+        None,
+    )
+    non_finite_loss: str = _doc(
+        "'nan', 'inf' or '-inf' when the first or last loss was not finite (JSON cannot hold it); "
+        "'' otherwise.",
+        "",
+    )
     flops_per_sample: Optional[float] = _doc(
         "Model FLOPs per sample of one step, counted on the eager fp32 model (torch >= 2.1).", None
     )
@@ -155,8 +163,9 @@ class NumericsCheck:
     the model, optimizer and random state are copied, and eager fp64 and eager at the variant's
     precision run one step from that copy (see ptspeed.numerics). Compared: the loss, gradients
     and update (train) or the output (infer). Each quantity passes within allowed_errors[q] =
-    max(tolerance, 5 x eager's error at the variant's precision, 3 x eager reseeded difference
-    for variants with their own random numbers). The scalar fields describe the worst quantity
+    max(tolerance, 5 x eager's error at the variant's precision, 3 x eager's spread under a
+    one-ulp perturbation of the weights and, for variants with their own random numbers,
+    other dropout masks). The scalar fields describe the worst quantity
     (largest error / allowed).
     """
 
@@ -185,9 +194,10 @@ class NumericsCheck:
     eager_error: Optional[float] = _doc(
         "Eager's error at the variant's precision against fp64, for the worst quantity.", None
     )
-    eager_reseeded_error: Optional[float] = _doc(
-        "Difference of eager steps with random ops seeded differently, worst quantity "
-        "(0 for variants that draw eager's random numbers).",
+    eager_spread_error: Optional[float] = _doc(
+        "How far eager moves, for the worst quantity, when the snapshot's weights are perturbed "
+        "by one fp32 rounding unit (and its random ops reseeded, for variants that draw their "
+        "own random numbers).",
         None,
     )
     allowed_error: Optional[float] = _doc("The bound of the worst quantity.", None)

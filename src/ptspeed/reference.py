@@ -27,6 +27,7 @@ from ptspeed.steps import Step, build_model, make_step, release_memory, to_devic
 # An output is compared on this many elements, evenly strided over it: bounded memory on the
 # host however large the logits (GPT-2 at 64 x 128 has 412 M of them).
 OUTPUT_SAMPLE_ELEMENTS = 1 << 16
+FP32_ROUNDING_UNIT = 2.0**-24
 
 
 @dataclass
@@ -153,9 +154,14 @@ class ReferenceModel:
         }
         return cls(model, step, batch, spec.mode, device, tf32=precision == "tf32")
 
-    def step_from(self, snapshot: Snapshot, seed: int | None = None) -> numerics.StepValues:
-        """One eager step from ``snapshot``; random ops from its generators, or from ``seed``."""
+    def step_from(
+        self, snapshot: Snapshot, seed: int | None = None, perturb: bool = False
+    ) -> numerics.StepValues:
+        """One eager step from ``snapshot``; random ops from its generators, or from ``seed``;
+        with ``perturb``, every weight moved by about one fp32 rounding unit."""
         self.model.load_state_dict(snapshot.state)
+        if perturb:
+            _perturb(self.model, snapshot.rng[0])
         if self.step.optimizer is not None:
             _restore_momentum(self.step.optimizer, snapshot.momentum)
         self.step.loss_scale = snapshot.scale or 1.0
@@ -177,6 +183,17 @@ class ReferenceModel:
             },
             update=_update(snapshot.state, host_copy(self.model.named_parameters()), names),
         )
+
+
+def _perturb(model: Any, seed_state: torch.Tensor) -> None:
+    """Move each parameter by a random fraction of an fp32 rounding unit, ``|p| * 2**-24 * N``:
+    what a reordered sum does to a value, at the scale of the weights."""
+    generator = torch.Generator().manual_seed(int(seed_state.sum()))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            noise = torch.randn(parameter.shape, generator=generator, dtype=torch.float64)
+            relative = (noise * FP32_ROUNDING_UNIT).to(parameter.device, parameter.dtype)
+            parameter.add_(parameter * relative)
 
 
 def _restore_momentum(optimizer: torch.optim.Optimizer, momentum: list[Any]) -> None:
@@ -230,7 +247,7 @@ def check_numerics(
                 values,
                 eager.step_from(snapshot),
                 fp64[index] if fp64 else None,
-                eager.step_from(snapshot, spec.seed + 1 + index) if own_random else None,
+                eager.step_from(snapshot, spec.seed + 1 + index if own_random else None, True),
             )
             for index, (snapshot, values) in enumerate(restorable)
         ]

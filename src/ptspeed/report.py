@@ -661,8 +661,9 @@ def method_section(inputs: ReportInputs) -> Section:
             "loss, gradients and update (train) or output (infer) of the first steps after the "
             "knob's one-off work, each against an eager fp64 step from the same snapshot "
             f"(relative error): tolerances {tolerances}; allowed = max(tolerance, "
-            f"{EAGER_ERROR_MULTIPLIER:g} × eager's own error at that precision, 3 × the "
-            "difference dropout masks make, for compiled and graph-captured variants)",
+            f"{EAGER_ERROR_MULTIPLIER:g} × eager's own error at that precision, 3 × how far eager "
+            "moves when its weights move by one fp32 rounding unit and, for compiled and "
+            "graph-captured variants, its dropout masks change)",
         ],
         ["late numerics check", _late_check_method()],
         ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
