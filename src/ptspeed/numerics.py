@@ -27,8 +27,9 @@ of sums, which is all a correct fp32 variant such as channels_last does) and, fo
 that draw their own random numbers (compiled graphs, CUDA graphs), its random ops seeded
 differently (their dropout masks cannot match eager's). Tolerances: fp32 0.5 %
 (reassociation, compilers' approximations of transcendental functions), TF32 1 % (10-bit
-mantissa in matmuls and convolutions), fp16 2 %, bf16 5 % (11 and 8 significant bits). Without an fp64 step the variant is compared with
-the eager step at its precision. A non-finite value is an infinite error.
+mantissa in matmuls and convolutions), fp16 2 %, bf16 5 % (11 and 8 significant bits).
+Without an fp64 step the variant is compared with the eager step at its precision. A
+non-finite value is an infinite error.
 """
 
 from __future__ import annotations
