@@ -1,6 +1,93 @@
-"""Make ``src/`` importable for tests without installing the package."""
+"""Test setup: ``src/`` importable without installing the package, one Hypothesis profile, and
+the guard of the fast tier.
 
+``make test-fast`` sets ``PTSPEED_TEST_TIER=fast`` and deselects the markers that the
+Makefile's ``FAST_TESTS`` names (slow, workflow, venv, network, …). The guard makes that promise checkable: in the fast tier a test that starts
+Snakemake, builds a virtualenv, installs packages or opens a connection beyond this machine
+fails at once, naming the marker it lacks, instead of quietly making the loop slow.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+TIER_VARIABLE = "PTSPEED_TEST_TIER"
+# Hypothesis' 200 ms deadline fails healthy tests on a loaded 2-core machine; examples are
+# bounded by the per-test timeout instead, and derandomised so that a failure repeats.
+settings.register_profile(
+    "ptspeed",
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ptspeed"))
+
+# What each guarded marker stands for: (program or module, what the test does).
+_PROGRAMS = {"snakemake": "workflow", "pip": "venv", "uv": "venv", "apptainer": "container"}
+_MODULES = {"venv": "venv", "pip": "venv", "snakemake": "workflow"}
+
+
+def fast_tier() -> bool:
+    return os.environ.get(TIER_VARIABLE) == "fast"
+
+
+def marker_needed(argv: Sequence[Any]) -> str:
+    """The marker a command calls for ('' for none): Snakemake, venv or package installs."""
+    words = [os.fspath(word) for word in argv]
+    if not words:
+        return ""
+    program = Path(words[0]).name
+    if program in _PROGRAMS:
+        return _PROGRAMS[program]
+    if "-m" in words[:-1]:
+        return _MODULES.get(words[words.index("-m") + 1], "")
+    return ""
+
+
+def _is_local(address: Any) -> bool:
+    if not isinstance(address, tuple):
+        return True  # a Unix socket
+    host = str(address[0])
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    if not fast_tier():
+        yield
+        return
+    real_init = subprocess.Popen.__init__
+    real_connect = socket.socket.connect
+
+    def guarded_init(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        marker = marker_needed(argv)
+        if marker:
+            pytest.fail(f"{TIER_VARIABLE}=fast: {argv[:4]} needs @pytest.mark.{marker}")
+        real_init(self, args, *rest, **kwargs)
+
+    def guarded_connect(self: socket.socket, address: Any) -> None:
+        if not _is_local(address):
+            pytest.fail(f"{TIER_VARIABLE}=fast: a connection to {address} needs @pytest.mark.network")
+        real_connect(self, address)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded_init)
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    yield

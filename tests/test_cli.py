@@ -3,50 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from jsonschema import Draft202012Validator
+from helpers import TINY_CELL, files_in, ptspeed, read_valid_record
 
 from ptspeed.models import REGISTRY
-from ptspeed.record import Record, json_schema
+from ptspeed.record import json_schema
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-TINY_CELL = [
-    "--model", "mlp", "--batch-size", "2", "--warmup", "1", "--steps", "2",
-    "--numerics-steps", "1", "--device", "cpu",
-]  # fmt: skip
 HANG_TIMEOUT_S = 5
 HANG_DEADLINE_S = 15
-
-
-def ptspeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m ptspeed ARGS`` as a user would, with this checkout's sources."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "ptspeed", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
-
-
-def read_valid_record(path: Path) -> Record:
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    Draft202012Validator(json_schema()).validate(data)
-    return Record.from_dict(data)
-
-
-def files_in(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir())
 
 
 def test_a_tiny_cell_writes_an_ok_record_atomically(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_workflow import BIN, PLAN_TIMEOUT_S, ROOT
-from test_workflow import snakemake as run_snakemake
+from helpers import BIN, PLAN_TIMEOUT_S, ROOT
+from helpers import snakemake as run_snakemake
 
 from ptspeed import provenance
 from ptspeed.containers import (

@@ -25,14 +25,15 @@ from typing import Any
 
 import pytest
 import yaml
-from test_aggregate import make_record
-from test_cli import TINY_CELL, read_valid_record
-from test_workflow import (
+from helpers import (
     ROOT,
+    TINY_CELL,
     TINY_STEPS,
     job_counts,
+    make_record,
     ok,
     planned_outputs,
+    read_valid_record,
     snakemake,
     tool,
     write_config,

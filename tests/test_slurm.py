@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_workflow import TINY_STEPS
-from test_workflow import snakemake as run_snakemake
+from helpers import TINY_STEPS
+from helpers import snakemake as run_snakemake
 
 from ptspeed.cluster import check_cluster, check_gpu_limit, cpus_per_cell, slurm_resources
 from ptspeed.matrix import ConfigError

@@ -11,24 +11,28 @@ import copy
 import math
 import os
 import re
-import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
-import yaml
+from helpers import (
+    PLAN_TIMEOUT_S,
+    ROOT,
+    TINY_STEPS,
+    job_counts,
+    ok,
+    planned_outputs,
+    snakemake,
+    tool,
+    write_config,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-PLAN_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 1800
 CROSS_VERSION_TIMEOUT_S = 40 * 60
 
-TINY_STEPS = {"warmup": 1, "measured": 2, "numerics": 1}
 HOST_COMPILE = {
     "device": "cpu",
     "trials": 2,
@@ -46,70 +50,6 @@ HOST_COMPILE = {
         }
     },
 }
-
-
-def tool(name: str) -> str:
-    """A command-line tool of the interpreter running the tests (its venv's bin/)."""
-    beside = BIN / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    assert found, f"{name} is not installed (pip install -e '.[workflow,dev]')"
-    return found
-
-
-def snakemake(
-    *args: str,
-    timeout: float = PLAN_TIMEOUT_S,
-    cwd: Path = ROOT,
-    env: dict[str, str] | None = None,
-    cores: str | None = "2",
-) -> subprocess.CompletedProcess[str]:
-    """Run Snakemake (from the repository root, on 2 cores unless told otherwise); stdout and
-    stderr together. ``cores=None`` leaves the cores to a profile's executor."""
-    return subprocess.run(
-        [tool("snakemake"), *(("--cores", cores) if cores else ()), *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
-
-
-def write_config(directory: Path, config: dict[str, Any], name: str = "config.yaml") -> Path:
-    """Write ``config`` with its results directory under ``directory``; return the file."""
-    config = {"results": str(directory / "results"), **config}
-    path = directory / name
-    path.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False))
-    return path
-
-
-def job_counts(output: str) -> Counter[str]:
-    """The 'Job stats' table Snakemake prints before running (or dry-running) jobs."""
-    assert "Job stats:" in output, output[-3000:]
-    table = output.split("Job stats:", 1)[1].split("\n\n", 1)[0]
-    rows = re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)
-    return Counter({rule: int(count) for rule, count in rows if rule != "total"})
-
-
-def planned_outputs(output: str) -> dict[str, list[str]]:
-    """Each planned rule's output files, from the job blocks of a dry run."""
-    planned: dict[str, list[str]] = {}
-    rule = None
-    for line in output.splitlines():
-        header = re.fullmatch(r"(?:local)?rule (\w+):", line.strip())
-        if header:
-            rule = header[1]
-            planned.setdefault(rule, [])
-        elif rule and line.strip().startswith("output: "):
-            planned[rule].extend(line.strip().removeprefix("output: ").split(", "))
-    return planned
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, result.stdout[-6000:]
-    return result.stdout
 
 
 # --- 1, 2: a tiny matrix on the host environment, end to end --------------------------------
