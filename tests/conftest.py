@@ -2,9 +2,10 @@
 the guard of the fast tier.
 
 ``make test-fast`` sets ``PTSPEED_TEST_TIER=fast`` and deselects the markers that the
-Makefile's ``FAST_TESTS`` names (slow, workflow, venv, network, …). The guard makes that promise checkable: in the fast tier a test that starts
-Snakemake, builds a virtualenv, installs packages or opens a connection beyond this machine
-fails at once, naming the marker it lacks, instead of quietly making the loop slow.
+Makefile's ``FAST_TESTS`` names (slow, workflow, venv, network, …). The guard makes that
+promise checkable: in the fast tier a test that starts Snakemake, builds a virtualenv,
+installs packages or opens a connection beyond this machine fails at once, naming the marker
+it lacks, instead of quietly making the loop slow.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ptspeed"))
 
-# What each guarded marker stands for: (program or module, what the test does).
-_PROGRAMS = {"snakemake": "workflow", "pip": "venv", "uv": "venv", "apptainer": "container"}
-_MODULES = {"venv": "venv", "pip": "venv", "snakemake": "workflow"}
+# Installing packages or making a venv: pip's and uv's subcommands that do it.
+_INSTALLERS = {"pip", "uv"}
+_INSTALLING = {"install", "sync", "download", "venv"}
 
 
 def fast_tier() -> bool:
@@ -44,16 +45,20 @@ def fast_tier() -> bool:
 
 
 def marker_needed(argv: Sequence[Any]) -> str:
-    """The marker a command calls for ('' for none): Snakemake, venv or package installs."""
-    words = [os.fspath(word) for word in argv]
+    """The marker a command calls for ('' for none): Snakemake, a venv, a package install."""
+    words = [os.fspath(w) if isinstance(w, os.PathLike) else str(w) for w in argv]
     if not words:
         return ""
-    program = Path(words[0]).name
-    if program in _PROGRAMS:
-        return _PROGRAMS[program]
-    if "-m" in words[:-1]:
-        return _MODULES.get(words[words.index("-m") + 1], "")
-    return ""
+    if Path(words[0]).name == "snakemake":
+        return "workflow"
+    if "-m" in words[:-1]:  # python -m MODULE ...
+        words = words[words.index("-m") + 1 :]
+        if words[0] == "snakemake":
+            return "workflow"
+        if words[0] == "venv":
+            return "venv"
+    installer = Path(words[0]).name in _INSTALLERS
+    return "venv" if installer and _INSTALLING & set(words[1:3]) else ""
 
 
 def _is_local(address: Any) -> bool:
@@ -85,7 +90,8 @@ def _fast_tier_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     def guarded_connect(self: socket.socket, address: Any) -> None:
         if not _is_local(address):
-            pytest.fail(f"{TIER_VARIABLE}=fast: a connection to {address} needs @pytest.mark.network")
+            needs = "needs @pytest.mark.network"
+            pytest.fail(f"{TIER_VARIABLE}=fast: a connection to {address} {needs}")
         real_connect(self, address)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded_init)

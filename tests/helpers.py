@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
@@ -403,3 +405,30 @@ def expected_seed_row(row: dict[str, Any]) -> list[str]:
 def html_cells(rows: list[list[str]]) -> list[list[str]]:
     """A table as the HTML shows it: Markdown-only escaping undone."""
     return [[" ".join(cell.split()) for cell in row] for row in rows]
+
+
+# --- the cost of a test: what the fast tier (make test-fast) leaves to make test ---
+
+# Models whose tiny cells still take 5-30 s on the 2-core machine (the real BERT, GPT-2 and
+# Mask R-CNN); mlp, lstm-lm and resnet50 at tiny sizes take a second or two.
+HEAVY_MODELS = frozenset({"bert-base", "gpt2", "mask-rcnn"})
+
+
+def is_heavy(model: str, knobs: str = "eager") -> bool:
+    """Whether a cell of ``model`` with ``knobs`` belongs to the slow tier: a heavy model, or a
+    compile that lowers through AOTAutograd or Inductor (seconds of tracing and a C++ build);
+    ``compile+backend=eager`` (Dynamo's tracing alone) stays fast."""
+    compiles = "compile" in knobs and "backend=eager" not in knobs
+    return model in HEAVY_MODELS or compiles
+
+
+def by_cost(models: Iterable[str]) -> list[Any]:
+    """``models`` as parameters of a test, the heavy ones marked slow."""
+    return [pytest.param(m, marks=pytest.mark.slow) if is_heavy(m) else m for m in models]
+
+
+def knob_cases(knob_strings: Iterable[str], model: str = "mlp") -> list[Any]:
+    """Knob strings as parameters of a test on ``model``, the compiling ones marked slow."""
+    return [
+        pytest.param(k, marks=pytest.mark.slow) if is_heavy(model, k) else k for k in knob_strings
+    ]

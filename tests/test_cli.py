@@ -16,6 +16,7 @@ HANG_TIMEOUT_S = 5
 HANG_DEADLINE_S = 15
 
 
+@pytest.mark.slow
 def test_a_tiny_cell_writes_an_ok_record_atomically(tmp_path: Path) -> None:
     out = tmp_path / "records" / "cell.json"
     out.parent.mkdir()
@@ -47,6 +48,7 @@ def test_a_hung_cell_ends_as_a_timeout(tmp_path: Path) -> None:
     assert files_in(tmp_path) == ["cell.json"]
 
 
+@pytest.mark.slow
 def test_a_crashed_worker_ends_as_failed_naming_the_signal(tmp_path: Path) -> None:
     out = tmp_path / "cell.json"
     result = ptspeed("cell", *TINY_CELL, "--fault", "crash", "--out", str(out))

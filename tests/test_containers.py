@@ -322,6 +322,7 @@ def test_container_config_errors_name_the_key(tmp_path: Path, change: Any, messa
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.workflow
 def test_a_bad_runtime_stops_the_workflow_with_one_line(tmp_path: Path) -> None:
     config = container_config(tmp_path, runtime="lxc")
     output = snakemake("-n", f"--configfile={write_config(tmp_path, config)}")
@@ -334,6 +335,7 @@ def test_a_bad_runtime_stops_the_workflow_with_one_line(tmp_path: Path) -> None:
 # --- the workflow's plan --------------------------------------------------------------------
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize(("device", "engine"), [("cpu", "podman"), ("cuda", "docker")])
 def test_cells_of_a_container_environment_run_in_the_built_image(
     tmp_path: Path, device: str, engine: str
@@ -355,6 +357,7 @@ def test_cells_of_a_container_environment_run_in_the_built_image(
     assert "-- python -m ptspeed cell --env torch-2.0 --model mlp" in cell
 
 
+@pytest.mark.workflow
 def test_apptainer_cells_carry_the_digest_of_a_pinned_image(tmp_path: Path) -> None:
     """The Apptainer path stays Snakemake's container directive; a digest-pinned image adds
     PTSPEED_CONTAINER_DIGEST. Apptainer is not installed here: a stand-in answers --version,

@@ -178,6 +178,7 @@ def build_tiny(requirements: Path, dest: Path) -> Path:
     )
 
 
+@pytest.mark.venv
 def test_build_venv_builds_marks_and_moves_into_place(tmp_path: Path) -> None:
     requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
     dest = tmp_path / "envs"
@@ -229,6 +230,7 @@ def test_build_venv_reuses_a_complete_venv_without_running_anything(tmp_path: Pa
     assert found == venv
 
 
+@pytest.mark.venv
 def test_build_venv_refuses_a_wheel_with_another_hash(tmp_path: Path) -> None:
     requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"), sha256="0" * 64)
     with pytest.raises(EnvBuildError, match="installing the lock of tiny failed"):
@@ -236,6 +238,7 @@ def test_build_venv_refuses_a_wheel_with_another_hash(tmp_path: Path) -> None:
     assert list((tmp_path / "envs").iterdir()) == []
 
 
+@pytest.mark.venv
 def test_build_venv_checks_the_imported_version_against_the_lock(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "wheels", module_version="2.0")
     requirements = offline_lock(tmp_path, wheel)
@@ -294,6 +297,8 @@ def test_build_env_script_fails_in_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.venv
+@pytest.mark.network
 def test_build_venv_from_pypi(tmp_path: Path) -> None:
     requirements = tmp_path / "six.txt"
     requirements.write_text(

@@ -576,6 +576,7 @@ def test_interrupted_runs_keep_whole_records_and_rerun_only_unfinished_cells(
 # --- 7, 8: bad configs refused end to end; nothing in a config runs ---------------------------
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize("case", ["outside", "python-tag", "code-knob"])
 def test_bad_config_runs_nothing_and_executes_nothing(tmp_path: Path, case: str) -> None:
     canary = tmp_path / "executed"

@@ -198,6 +198,7 @@ def run_cuda_cell(tmp_path: Path, name: str, knobs: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_a_cell_runs_on_the_gpu_no_other_cell_holds(tmp_path: Path) -> None:
     """GPU 0 is held by another cell: this one is given GPU 1, and its record says so (torch
     sees no CUDA device on this machine, so the cell itself is unsupported)."""

@@ -536,6 +536,7 @@ def test_render_cli_writes_both_files(tmp_path: Path, aggregated: Path) -> None:
     assert (tmp_path / "report" / "index.html").read_text().count("<img") == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "problem", ["missing csv", "empty csv", "wrong csv", "wrong steps", "bad templates"]
 )

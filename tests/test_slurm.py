@@ -25,6 +25,8 @@ from helpers import snakemake as run_snakemake
 from ptspeed.cluster import check_cluster, check_gpu_limit, cpus_per_cell, slurm_resources
 from ptspeed.matrix import ConfigError
 
+pytestmark = pytest.mark.workflow
+
 PLAN_TIMEOUT_S = 120
 SLURM_RUN_TIMEOUT_S = 600
 SLURM_QUERY_TIMEOUT_S = 20

@@ -30,6 +30,8 @@ from helpers import (
     write_config,
 )
 
+pytestmark = pytest.mark.workflow
+
 RUN_TIMEOUT_S = 1800
 CROSS_VERSION_TIMEOUT_S = 40 * 60
 
