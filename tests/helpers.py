@@ -6,6 +6,8 @@ Test modules import from here, never from each other.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -13,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -432,3 +434,37 @@ def knob_cases(knob_strings: Iterable[str], model: str = "mlp") -> list[Any]:
     return [
         pytest.param(k, marks=pytest.mark.slow) if is_heavy(model, k) else k for k in knob_strings
     ]
+
+
+# --- a full disk ---
+
+
+@contextlib.contextmanager
+def full_disk(mount_point: Path, size_kib: int = 64) -> Iterator[Path]:
+    """A tmpfs of ``size_kib`` mounted on ``mount_point`` and filled until the kernel says
+    ENOSPC; unmounted afterwards. Skips the test where this process may not mount (not root,
+    or no CAP_SYS_ADMIN in a container)."""
+    mount_point.mkdir(parents=True, exist_ok=True)
+    mount = shutil.which("mount")
+    if mount is None:
+        pytest.skip("no mount command here")
+    done = subprocess.run(
+        [mount, "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount_point)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=False)
+
+
+def fill(directory: Path) -> None:
+    """Write to ``directory`` until its file system is full."""
+    with open(directory / "filler", "wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError as error:
+            assert error.errno == errno.ENOSPC, error

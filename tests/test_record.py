@@ -5,9 +5,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import fill, full_disk
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
@@ -18,6 +25,7 @@ from ptspeed.record import (
     NumericsCheck,
     Provenance,
     Record,
+    WriteFailed,
     json_schema,
     read_record,
     write_atomic,
@@ -174,3 +182,48 @@ def test_failed_rename_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.M
         write_atomic(target, "new\n")
     assert target.read_text(encoding="utf-8") == "old\n"
     assert files_in(tmp_path) == ["cell.json"]
+
+
+# --- the mode of written files, leftovers of killed writers, a full disk --------------------
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_files_honour_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    previous = os.umask(umask)
+    try:
+        write_record(full_record(), tmp_path / "cell.json")
+        write_atomic(tmp_path / "runs.csv", "a,b\n")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "cell.json").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "runs.csv").stat().st_mode) == mode
+
+
+def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())
+    left_by_dead = tmp_path / f".trial0.json.{host}.{dead.stdout.strip()}.abc123.tmp"
+    being_written = tmp_path / f".trial0.json.{host}.{os.getppid()}.def456.tmp"
+    other_host = tmp_path / f".trial0.json.elsewhere.{dead.stdout.strip()}.ghi789.tmp"
+    other_record = tmp_path / f".trial1.json.{host}.{dead.stdout.strip()}.jkl012.tmp"
+    for path in (left_by_dead, being_written, other_host, other_record):
+        path.write_text('{"cell": {"mod', encoding="utf-8")
+    write_record(full_record(), tmp_path / "trial0.json")
+    assert read_record(tmp_path / "trial0.json") == full_record()
+    assert not left_by_dead.exists()
+    # a writer still alive, another host's writer (its pid says nothing here), another target
+    assert being_written.exists() and other_host.exists() and other_record.exists()
+
+
+def test_a_full_disk_fails_the_write_in_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    with full_disk(tmp_path / "disk") as disk:
+        kept = disk / "trial0.json"
+        write_record(full_record(), kept)
+        before = kept.read_bytes()
+        fill(disk)
+        with pytest.raises(WriteFailed) as failed:
+            write_record(full_record(), disk / "trial1.json")
+        assert str(failed.value) == f"cannot write {disk / 'trial1.json'}: No space left on device"
+        assert files_in(disk) == ["filler", "trial0.json"]
+        assert kept.read_bytes() == before
