@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-TIER_VARIABLE = "PTSPEED_TEST_TIER"
+from helpers import TIER_VARIABLE, fast_tier
+
 # Hypothesis' 200 ms deadline fails healthy tests on a loaded 2-core machine; examples are
 # bounded by the per-test timeout instead, and derandomised so that a failure repeats.
 settings.register_profile(
@@ -38,10 +39,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ptspeed"))
 # Installing packages or making a venv: pip's and uv's subcommands that do it.
 _INSTALLERS = {"pip", "uv"}
 _INSTALLING = {"install", "sync", "download", "venv"}
-
-
-def fast_tier() -> bool:
-    return os.environ.get(TIER_VARIABLE) == "fast"
 
 
 def marker_needed(argv: Sequence[Any]) -> str:

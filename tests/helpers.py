@@ -47,6 +47,20 @@ from ptspeed.report import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
+# make test-fast sets it to "fast" (see tests/conftest.py).
+TIER_VARIABLE = "PTSPEED_TEST_TIER"
+
+
+def fast_tier() -> bool:
+    return os.environ.get(TIER_VARIABLE) == "fast"
+
+
+def examples(full: int) -> int:
+    """Hypothesis examples of a property: ``full`` in make test, an eighth (at least 10) in
+    the fast tier, whose loop must stay near a minute."""
+    return max(10, full // 8) if fast_tier() else full
+
+
 BIN = Path(sys.executable).parent
 PLAN_TIMEOUT_S = 300
 
@@ -412,8 +426,8 @@ def html_cells(rows: list[list[str]]) -> list[list[str]]:
 # --- the cost of a test: what the fast tier (make test-fast) leaves to make test ---
 
 # Models whose tiny cells still take 5-30 s on the 2-core machine (the real BERT, GPT-2 and
-# Mask R-CNN); mlp, lstm-lm and resnet50 at tiny sizes take a second or two.
-HEAVY_MODELS = frozenset({"bert-base", "gpt2", "mask-rcnn"})
+# Mask R-CNN, and the LSTM's fp64 reference); mlp and resnet50 at tiny sizes take a second or two.
+HEAVY_MODELS = frozenset({"bert-base", "gpt2", "mask-rcnn", "lstm-lm"})
 
 
 def is_heavy(model: str, knobs: str = "eager") -> bool:

@@ -528,6 +528,7 @@ def copy_aggregated(source: Path, target: Path) -> None:
         (target / name).write_bytes((source / name).read_bytes())
 
 
+@pytest.mark.slow
 def test_render_cli_writes_both_files(tmp_path: Path, aggregated: Path) -> None:
     copy_aggregated(aggregated, tmp_path)
     result = run_render_script(tmp_path)

@@ -107,6 +107,11 @@ def _cell_arguments(cell: argparse.ArgumentParser) -> None:
     cell.add_argument("--out", type=Path, required=True, help="where the JSON record goes")
 
 
+def parse_cell_options(options: list[str]) -> CellSpec:
+    """The spec that ``ptspeed cell OPTIONS --out …`` runs (a usage error exits with status 2)."""
+    return spec_from_args(_parser().parse_args(["cell", *options, "--out", os.devnull]))
+
+
 def spec_from_args(args: argparse.Namespace) -> CellSpec:
     return CellSpec(
         model=args.model,

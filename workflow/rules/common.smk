@@ -30,9 +30,11 @@ from ptspeed.envbuild import lock_hash
 from ptspeed.gpus import check_variant_gpus
 from ptspeed.knobs import parse_knobs
 from ptspeed.matrix import (
+    Cell,
     ConfigError,
+    cell_options,
+    cell_spec,
     cells,
-    model_sizes,
     runtime_minutes,
 )
 
@@ -225,41 +227,17 @@ def container_launcher(env, engine):
 
 
 def cell_arguments(wildcards, threads):
-    sizes = model_sizes(config, wildcards.model, DEVICE_CLASS)
-    arguments = [
-        "--env",
+    cell = Cell(
         wildcards.env,
-        "--model",
         wildcards.model,
-        "--variant",
         wildcards.variant,
-        "--knobs",
-        config["variants"][wildcards.variant],
-        "--mode",
         wildcards.mode,
-        "--batch-size",
-        sizes.batch_size,
-        "--image-size",
-        sizes.image_size,
-        "--seq-len",
-        sizes.seq_len,
-        "--trial",
-        wildcards.trial,
-        "--warmup",
-        config["steps"]["warmup"],
-        "--steps",
-        config["steps"]["measured"],
-        "--numerics-steps",
-        config["steps"]["numerics"],
-        "--device",
-        DEVICE_CLASS,
-        "--threads",
-        threads if DEVICE_CLASS == "cpu" else 0,
-        "--timeout",
-        config["timeout_s"],
-        *(["--oom-retry"] if config["oom_retry"] else []),
-    ]
-    return " ".join(shlex.quote(str(a)) for a in arguments)
+        wildcards.size,
+        int(wildcards.trial),
+    )
+    cell_threads = threads if DEVICE_CLASS == "cpu" else 0
+    spec = cell_spec(config, cell, DEVICE_CLASS, cell_threads)
+    return " ".join(shlex.quote(a) for a in cell_options(spec, config["oom_retry"]))
 
 
 def cell_settings(wildcards):
