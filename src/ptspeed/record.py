@@ -281,7 +281,7 @@ def remove_dead_temporaries(target: Path) -> list[Path]:
     prefix = _temporary_prefix(target)
     for leftover in target.parent.glob(f"{glob.escape(prefix)}*{TEMPORARY_SUFFIX}"):
         writer = leftover.name[len(prefix) :].split(".", 1)[0]
-        if writer.isdigit() and not _process_exists(int(writer)):
+        if writer.isdigit() and not process_exists(int(writer)):
             leftover.unlink(missing_ok=True)
             removed.append(leftover)
     return removed
@@ -295,7 +295,8 @@ def _host_label() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
 
 
-def _process_exists(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether a process of this id runs on this host (another user's included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
