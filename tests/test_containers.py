@@ -240,6 +240,31 @@ def test_run_command_gives_gpus_only_on_gpu_runs(engine: str, gpu_flag: list[str
     assert sorted(volumes) == sorted([f"{DATA_MOUNT}:{DATA_MOUNT}", f"{ROOT}:{ROOT}"])
 
 
+@pytest.mark.parametrize(
+    ("engine", "euid", "owner"),
+    [
+        ("podman", 1000, ["--userns", "keep-id"]),  # rootless podman maps the caller in
+        ("podman", 0, ["--user", "0:0"]),
+        ("docker", 1000, ["--user", "1000:1000"]),
+        ("docker", 0, ["--user", "0:0"]),
+    ],
+)
+def test_the_cell_runs_as_the_caller(
+    monkeypatch: pytest.MonkeyPatch, engine: str, euid: int, owner: list[str]
+) -> None:
+    """Both branches of the user mapping, whatever user runs the tests (CI runs as root, so
+    the integration test below sees only the root branch)."""
+    for name in ("geteuid", "getuid", "getgid"):
+        monkeypatch.setattr(os, name, lambda uid=euid: uid)
+    command = run_command(
+        engine, MANIFEST, ["true"], gpus=False, mounts=[ROOT], workdir=ROOT, environment={}
+    )
+    at = [i for i in range(len(command) - 1) if command[i : i + 2] == owner]
+    assert at, command
+    assert ("--userns" in command) == (owner[0] == "--userns")
+    assert ("--user" in command) == (owner[0] == "--user")
+
+
 def test_container_run_script_prints_the_command(tmp_path: Path) -> None:
     manifest = tmp_path / "torch-2.0.json"
     MANIFEST.write(manifest)
@@ -431,7 +456,8 @@ def test_podman_builds_the_torch_2_0_image_and_runs_a_cell_in_it(tmp_path: Path)
     assert record["provenance"]["torch"].startswith("2.0.1")
     assert record["provenance"]["python"].startswith("3.11")
     assert record["provenance"]["git_commit"], "the host's commit goes into the container"
-    # The cell ran as the caller, so the caller owns what it wrote.
+    # The cell ran as the caller, so the caller owns what it wrote. As root this holds
+    # whatever the mapping does; test_the_cell_runs_as_the_caller checks both branches.
     assert record_path.stat().st_uid == os.getuid()
 
 

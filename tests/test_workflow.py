@@ -78,7 +78,8 @@ def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
     ]
     assert set(runs.model) == {"mlp"}
     assert (runs.loc[runs.variant == "eager", "status"] == "ok").all(), runs.reason.tolist()
-    assert set(runs.loc[runs.variant == "compile", "status"]) <= {"ok", "unsupported"}
+    # The host's torch (>= 2.0, Python 3.11) compiles on the CPU: unsupported would be a bug.
+    assert (runs.loc[runs.variant == "compile", "status"] == "ok").all(), runs.reason.tolist()
 
     summary = pd.read_csv(results / "tables/summary.csv")
     assert len(summary) == 2
@@ -88,9 +89,8 @@ def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
     assert len(speedups) == 1
     row = speedups.iloc[0]
     assert (row.comparison, row.model) == ("compile-alone", "mlp")
-    if (runs.status == "ok").all():
-        assert math.isfinite(row.speedup) and row.speedup > 0
-        assert row.speedup == pytest.approx(median["compile"] / median["eager"], rel=1e-9)
+    assert math.isfinite(row.speedup) and row.speedup > 0
+    assert row.speedup == pytest.approx(median["compile"] / median["eager"], rel=1e-9)
 
     report = (results / "report/report.md").read_text()
     assert (results / "report/index.html").stat().st_size > 0
