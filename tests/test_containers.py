@@ -382,6 +382,45 @@ def test_cells_of_a_container_environment_run_in_the_built_image(
     assert "-- python -m ptspeed cell --env torch-2.0 --model mlp" in cell
 
 
+# A podman stand-in whose storage holds no image (or, with PRESENT=1, every image).
+PODMAN_STANDIN = """#!/bin/sh
+if [ "$1 $2" = "image inspect" ] && [ "$PRESENT" != 1 ]; then
+    echo "Error: $5: image not known" >&2
+    exit 125
+fi
+exit 0
+"""
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("present", [True, False])
+def test_a_manifest_naming_a_pruned_image_builds_it_again(
+    tmp_path: Path, present: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if present:
+        monkeypatch.setenv("PRESENT", "1")
+    results = tmp_path / "results"
+    standin = tmp_path / "bin" / "podman"
+    standin.parent.mkdir()
+    standin.write_text(PODMAN_STANDIN)
+    standin.chmod(0o755)
+    manifest = results / "images" / "torch-2.0.json"
+    MANIFEST.write(manifest)  # as rule image wrote it, newer than every input
+    config = write_config(tmp_path, container_config(tmp_path, runtime="podman"))
+    output = snakemake(
+        "-n", f"--configfile={config}", str(results / RECORD),
+        path=f"{standin.parent}:{os.environ['PATH']}",
+    )  # fmt: skip
+    assert output.startswith("exit 0"), output[-4000:]
+    if present:
+        assert manifest.exists() and f"output: {manifest}" not in output
+        return
+    assert (
+        f"ptspeed: {manifest} names image {MANIFEST.id} ({MANIFEST.image}), which podman" in output
+    )
+    assert not manifest.exists() and f"output: {manifest}" in output  # rule image runs again
+
+
 @pytest.mark.workflow
 def test_apptainer_cells_carry_the_digest_of_a_pinned_image(tmp_path: Path) -> None:
     """The Apptainer path stays Snakemake's container directive; a digest-pinned image adds

@@ -25,6 +25,7 @@ from ptspeed.containers import (
     container_settings,
     digest_of,
     engine_for_images,
+    forget_pruned_image,
 )
 from ptspeed.envbuild import lock_hash
 from ptspeed.gpus import check_variant_gpus
@@ -148,8 +149,20 @@ def container_engine(env):
 
 
 def image_manifest(env):
-    """The manifest of the environment's image, which its cells run."""
-    return f"{RESULTS}/images/{env}.json"
+    """The manifest of the environment's image, which its cells run (removed first when the
+    engine no longer has that image, so that rule image builds it again)."""
+    manifest = f"{RESULTS}/images/{env}.json"
+    engine = container_engine(env)
+    if engine:
+        forget_pruned_image_once(manifest, engine)
+    return manifest
+
+
+@functools.cache
+def forget_pruned_image_once(manifest, engine):
+    notice = forget_pruned_image(Path(manifest), engine)
+    if notice:
+        print(f"ptspeed: {notice}", file=sys.stderr)
 
 
 def workflow_sif(env):
