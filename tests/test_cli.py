@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TINY_CELL, files_in, ptspeed, read_valid_record
+from helpers import TINY_CELL, files_in, fill, full_disk, ptspeed, read_valid_record
 
 from ptspeed.models import REGISTRY
 from ptspeed.record import json_schema
@@ -111,3 +111,20 @@ def test_models_command_lists_every_model_with_its_sizes() -> None:
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines] == list(REGISTRY)
     assert "image_size 32..2048" in lines[list(REGISTRY).index("resnet50")]
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_the_cell_in_one_line_and_loses_nothing(tmp_path: Path) -> None:
+    with full_disk(tmp_path / "disk") as disk:
+        kept = disk / "trial0.json"
+        kept.write_text('{"an earlier record": true}\n', encoding="utf-8")
+        fill(disk)
+        out = disk / "trial1.json"
+        result = ptspeed("cell", *TINY_CELL, "--out", str(out))
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.splitlines()[-1] == (
+            f"error: no record written: cannot write {out}: No space left on device"
+        )
+        assert "Traceback" not in result.stderr
+        assert files_in(disk) == ["filler", "trial0.json"]  # no partial record, no temporary
+        assert kept.read_text(encoding="utf-8") == '{"an earlier record": true}\n'

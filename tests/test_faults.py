@@ -53,6 +53,8 @@ HANG_LIMIT_S = (
     60  # the faulty run's cell limit: a cell and a retry fit in it on a busy 2-core machine
 )
 CELL_JOB = re.compile(r"^\s*(?:local)?rule cell:", re.MULTILINE)
+WILL_EXIT = "Will exit after finishing currently running jobs"
+TWO_JOBS_DONE = re.compile(r"^2 of \d+ steps \(\d+%\) done", re.MULTILINE)
 
 HOSTS: dict[str, Any] = {
     "device": "cpu",
@@ -525,15 +527,21 @@ def test_interrupted_runs_keep_whole_records_and_rerun_only_unfinished_cells(
         same_dir = snakemake_in(first, "--configfile", str(config_path))
         other_dir = snakemake_in(second, "--configfile", str(config_path))
         run.send_signal(signal.SIGTERM)
-        time.sleep(3)
-        assert run.poll() is None  # Snakemake waits for its running jobs
+        # Snakemake has taken the signal when it says so; from then on only its running job
+        # keeps it alive (not mere slowness): it must still run while the cell does.
+        log_path = tmp_path / "phase1.log"
+        wait_for(
+            lambda: WILL_EXIT in log_path.read_text(encoding="utf-8"), "Snakemake to take SIGTERM"
+        )
+        time.sleep(1)
+        assert alive(watchdog) and run.poll() is None  # Snakemake waits for its running jobs
         os.kill(watchdog, signal.SIGTERM)
         assert run.wait(timeout=WAIT_S) != 0
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     log = (tmp_path / "phase1.log").read_text(encoding="utf-8")
-    assert "Will exit after finishing currently running jobs" in log
+    assert WILL_EXIT in log
     assert same_dir.returncode != 0 and "Directory cannot be locked" in same_dir.stdout
     assert f"results: {results} is in use by another run (process {run.pid} on " in other_dir.stdout
     for refused in (same_dir, other_dir):
@@ -567,6 +575,44 @@ def test_interrupted_runs_keep_whole_records_and_rerun_only_unfinished_cells(
     ok(snakemake_in(first, "--unlock", "--configfile", str(config_path)))
     rerun = ok(snakemake_in(first, "--configfile", str(config_path)))
     assert job_counts(rerun)["cell"] == 1
+    assert planned_outputs(rerun)["cell"] == [str(hung)]
+    assert done.read_bytes() == kept
+    runs = aggregate.read_table(results / "tables/runs.csv")
+    assert list(runs["status"]) == ["ok", "ok"]
+
+
+@pytest.mark.slow
+@pytest.mark.workflow
+def test_ctrl_c_stops_the_run_and_the_rerun_redoes_only_the_interrupted_cell(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C in the terminal: SIGINT to Snakemake's whole process group while host/0 is done
+    and host-b/0 runs. No record of the interrupted cell, no temporary file; the rerun (no
+    fault this time, no --unlock needed) runs that cell alone."""
+    config = {**copy.deepcopy(HOSTS), "trials": 1, "timeout_s": 600}
+    config_path = write_config(tmp_path, config)
+    results = tmp_path / "results"
+    done, hung = record_path(results, "host", 0), record_path(results, "host-b", 0)
+    log = tmp_path / "run.log"
+    run = start_snakemake(ROOT, config_path, log, "host-b/mlp/eager/train/0=hang")
+    try:
+        # The first cell done as Snakemake counts it, not only its record on disk: with the
+        # effective config, two jobs finished (the other cell hangs until interrupted).
+        wait_for(done.exists, "the first cell's record")
+        wait_for(lambda: TWO_JOBS_DONE.search(log.read_text(encoding="utf-8")), "two jobs done")
+        _, worker = running_cell(hung)
+        kept = done.read_bytes()
+        os.killpg(run.pid, signal.SIGINT)
+        assert run.wait(timeout=WAIT_S) != 0
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    wait_for(lambda: not alive(worker), "the worker to stop with its watchdog", 30)
+    assert not hung.exists()
+    assert assert_records_complete(results) == [done] and done.read_bytes() == kept
+    assert not list(results.rglob("*.tmp")) and not processes_of(results)
+
+    rerun = ok(snakemake_in(ROOT, "--configfile", str(config_path)))
     assert planned_outputs(rerun)["cell"] == [str(hung)]
     assert done.read_bytes() == kept
     runs = aggregate.read_table(results / "tables/runs.csv")
