@@ -464,6 +464,7 @@ def host_ca_bundle() -> str:
     reason="builds a 5 GB image with podman (minutes): set PTSPEED_CONTAINER_BUILD=1 after "
     ".ci/podman.sh",
 )
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 300)
 def test_podman_builds_the_torch_2_0_image_and_runs_a_cell_in_it(tmp_path: Path) -> None:
     assert shutil.which("podman"), "podman is missing: run .ci/podman.sh"
     exists = subprocess.run(["podman", "image", "exists", CI_BASE_IMAGE], check=False)

@@ -207,6 +207,7 @@ def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, st
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_a_hung_cell_ends_as_a_timeout_and_the_run_goes_on(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -221,6 +222,7 @@ def test_a_hung_cell_ends_as_a_timeout_and_the_run_goes_on(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_out_of_memory_is_recorded_with_the_batch_size_and_retried_at_half(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -239,6 +241,7 @@ def test_out_of_memory_is_recorded_with_the_batch_size_and_retried_at_half(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_retried_trials_are_shown_apart_and_never_mixed_into_a_speedup(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -262,6 +265,7 @@ def test_retried_trials_are_shown_apart_and_never_mixed_into_a_speedup(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_shell_syntax_in_a_title_stays_text(faulty_run: tuple[Path, Path, str]) -> None:
     config, results, _ = faulty_run
     assert not (config.parent / CANARY).exists()
@@ -275,6 +279,7 @@ def test_shell_syntax_in_a_title_stays_text(faulty_run: tuple[Path, Path, str]) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_a_changed_config_plans_only_the_cells_it_affects(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -308,6 +313,7 @@ def test_a_changed_config_plans_only_the_cells_it_affects(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_records_of_an_older_config_are_stale_not_counted(
     faulty_run: tuple[Path, Path, str], tmp_path: Path
 ) -> None:
@@ -336,6 +342,7 @@ def test_records_of_an_older_config_are_stale_not_counted(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_corrupt_and_foreign_records_are_named_and_the_rest_aggregated(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -505,6 +512,7 @@ def linked_working_directory(directory: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_interrupted_runs_keep_whole_records_and_rerun_only_unfinished_cells(
     tmp_path: Path,
 ) -> None:
@@ -583,6 +591,7 @@ def test_interrupted_runs_keep_whole_records_and_rerun_only_unfinished_cells(
 
 @pytest.mark.slow
 @pytest.mark.workflow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
 def test_ctrl_c_stops_the_run_and_the_rerun_redoes_only_the_interrupted_cell(
     tmp_path: Path,
 ) -> None:

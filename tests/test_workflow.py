@@ -67,6 +67,7 @@ def host_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
     _, results = host_run
     runs = pd.read_csv(results / "tables/runs.csv")
@@ -99,6 +100,7 @@ def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_second_run_does_nothing(host_run: tuple[Path, Path]) -> None:
     config, _ = host_run
     output = ok(snakemake("-n", "--configfile", str(config)))
@@ -110,6 +112,7 @@ def test_second_run_does_nothing(host_run: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_changed_model_size_reruns_only_its_cells(tmp_path: Path) -> None:
     config = {
         "device": "cpu",
@@ -246,6 +249,7 @@ def test_snakefmt_is_clean() -> None:
     os.environ.get("PTSPEED_CROSS_VERSION") != "1",
     reason="set PTSPEED_CROSS_VERSION=1 to build/use the torch 1.13 and 2.0 venvs",
 )
+@pytest.mark.timeout(CROSS_VERSION_TIMEOUT_S + 300)
 def test_cross_version_upgrade(tmp_path: Path) -> None:
     config = {
         "device": "cpu",
