@@ -389,6 +389,7 @@ def torch_version_of(python: str) -> str:
     return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.slow  # imports torch twice in subprocesses
 def test_build_env_script_writes_the_interpreter_path(tmp_path: Path) -> None:
     requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
     link = tmp_path / "results" / "envs" / "tiny.path"
