@@ -612,7 +612,11 @@ def test_ctrl_c_stops_the_run_and_the_rerun_redoes_only_the_interrupted_cell(
         _, worker = running_cell(hung)
         kept = done.read_bytes()
         os.killpg(run.pid, signal.SIGINT)
-        assert run.wait(timeout=WAIT_S) != 0
+        try:
+            assert run.wait(timeout=WAIT_S) != 0
+        except subprocess.TimeoutExpired:
+            tail = log.read_text(encoding="utf-8")[-3000:]
+            pytest.fail(f"Snakemake still runs {WAIT_S} s after Ctrl-C; its log ends:\n{tail}")
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
