@@ -33,11 +33,18 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	$(BIN)/snakemake --cores all
 
+# make test: every test that can run here (a missing GPU, cluster or image builder skips its
+# tests). PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--durations=25 as CI does.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# make test-fast: the loop to run while editing (about a minute): every module's unit tests,
+# without Snakemake runs, venv builds, downloads, real models or compiles. tests/conftest.py
+# fails a test of this tier that starts Snakemake, builds a venv or opens a remote connection.
+FAST_TESTS := not (slow or workflow or venv or network or browser or container or slurm \
+	or crossversion or cuda)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	PTSPEED_TEST_TIER=fast $(BIN)/python -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
 
 gpu-check:
 	PYTHONPATH=src $(CHECK_PYTHON) scripts/gpu_check.py --device $(DEVICE) --envs "$(ENVS)"

@@ -7,13 +7,13 @@ Runs from the repository root without the package installed.
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ptspeed.envbuild import EnvBuildError, build_venv, venv_python
+from ptspeed.envbuild import INSTALLERS, EnvBuildError, build_venv, venv_python
+from ptspeed.record import write_atomic
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -23,21 +23,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--python", required=True, help="major.minor, e.g. 3.10")
     parser.add_argument("--dest", required=True, type=Path, help="directory of the venvs")
     parser.add_argument("--link", required=True, type=Path, help="file to write the path to")
+    parser.add_argument(
+        "--installer",
+        choices=INSTALLERS,
+        help="uv or pip (default: $PTSPEED_ENV_INSTALLER, else uv where installed, else pip)",
+    )
     return parser.parse_args(argv)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        venv = build_venv(args.name, args.requirements, args.python, args.dest)
-        write_atomically(args.link, f"{venv_python(venv)}\n")
+        venv = build_venv(
+            args.name, args.requirements, args.python, args.dest, installer=args.installer
+        )
+        write_atomic(args.link, f"{venv_python(venv)}\n")
     except (EnvBuildError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,6 +1,96 @@
-"""Make ``src/`` importable for tests without installing the package."""
+"""Test setup: ``src/`` importable without installing the package, one Hypothesis profile, and
+the guard of the fast tier.
 
+``make test-fast`` sets ``PTSPEED_TEST_TIER=fast`` and deselects the markers that the
+Makefile's ``FAST_TESTS`` names (slow, workflow, venv, network, …). The guard makes that
+promise checkable: in the fast tier a test that starts Snakemake, builds a virtualenv,
+installs packages or opens a connection beyond this machine fails at once, naming the marker
+it lacks, instead of quietly making the loop slow.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from helpers import TIER_VARIABLE, fast_tier
+
+# Hypothesis' 200 ms deadline fails healthy tests on a loaded 2-core machine; examples are
+# bounded by the per-test timeout instead, and derandomised so that a failure repeats.
+settings.register_profile(
+    "ptspeed",
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ptspeed"))
+
+# Installing packages or making a venv: pip's and uv's subcommands that do it.
+_INSTALLERS = {"pip", "uv"}
+_INSTALLING = {"install", "sync", "download", "venv"}
+
+
+def marker_needed(argv: Sequence[Any]) -> str:
+    """The marker a command calls for ('' for none): Snakemake, a venv, a package install."""
+    words = [os.fspath(w) if isinstance(w, os.PathLike) else str(w) for w in argv]
+    if not words:
+        return ""
+    if Path(words[0]).name == "snakemake":
+        return "workflow"
+    if "-m" in words[:-1]:  # python -m MODULE ...
+        words = words[words.index("-m") + 1 :]
+        if words[0] == "snakemake":
+            return "workflow"
+        if words[0] == "venv":
+            return "venv"
+    installer = Path(words[0]).name in _INSTALLERS
+    return "venv" if installer and _INSTALLING & set(words[1:3]) else ""
+
+
+def _is_local(address: Any) -> bool:
+    if not isinstance(address, tuple):
+        return True  # a Unix socket
+    host = str(address[0])
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    if not fast_tier():
+        yield
+        return
+    real_init = subprocess.Popen.__init__
+    real_connect = socket.socket.connect
+
+    def guarded_init(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        marker = marker_needed(argv)
+        if marker:
+            pytest.fail(f"{TIER_VARIABLE}=fast: {argv[:4]} needs @pytest.mark.{marker}")
+        real_init(self, args, *rest, **kwargs)
+
+    def guarded_connect(self: socket.socket, address: Any) -> None:
+        if not _is_local(address):
+            needs = "needs @pytest.mark.network"
+            pytest.fail(f"{TIER_VARIABLE}=fast: a connection to {address} {needs}")
+        real_connect(self, address)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded_init)
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    yield

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
-import yaml
+from helpers import (
+    CLAIMS,
+    CONFIG,
+    CORRUPT_NAME,
+    SIZES,
+    aggregate_cli,
+    make_record,
+    run_aggregate_script,
+    write_fixture_records,
+    write_inputs,
+)
 
 from ptspeed import stats
 from ptspeed.aggregate import (
@@ -30,139 +38,9 @@ from ptspeed.aggregate import (
     summarise,
     verdict,
 )
-from ptspeed.record import CellSpec, Metrics, NumericsCheck, Provenance, Record, write_record
+from ptspeed.record import write_record
 
 REPO = Path(__file__).resolve().parents[1]
-
-CONFIG: dict[str, Any] = {
-    "device": "cpu",
-    "environments": {"torch-1.13": {"kind": "venv"}, "torch-2.0": {"kind": "venv"}},
-    "models": {
-        "resnet50": {
-            "cuda": {"batch_size": 64, "image_size": 224},
-            "cpu": {"batch_size": 8, "image_size": 96},
-        },
-        "bert-base": {"cpu": {"batch_size": 4, "seq_len": 64}},
-        "gpt2": {"cpu": {"batch_size": 2, "seq_len": 64}},
-    },
-    "variants": {"eager": "eager", "compile": "compile"},
-    "modes": ["train"],
-    "comparisons": {
-        "upgrade-and-compile": {
-            "title": "1.13 eager → 2.0 compile",
-            "baseline": {"env": "torch-1.13", "variant": "eager"},
-            "candidate": {"env": "torch-2.0", "variant": "compile"},
-            "claim": "pytorch-2.0-upgrade",
-        },
-        "compile-alone": {
-            "title": "2.0 eager → 2.0 compile",
-            "baseline": {"env": "torch-2.0", "variant": "eager"},
-            "candidate": {"env": "torch-2.0", "variant": "compile"},
-        },
-    },
-}
-
-CLAIMS: dict[str, Any] = {
-    "pytorch-2.0-upgrade": {
-        "source": "Seed article 000",
-        "setup": "A100, batch 64",
-        "models": {
-            "resnet50": {"baseline": 125, "candidate": 185, "speedup": 1.48},
-            "gpt2": {"baseline": 35, "candidate": 52, "speedup": 1.49},
-        },
-    }
-}
-
-SIZES = {
-    "resnet50": {"batch_size": 8, "image_size": 96, "seq_len": 128},
-    "bert-base": {"batch_size": 4, "image_size": 224, "seq_len": 64},
-    "gpt2": {"batch_size": 2, "image_size": 224, "seq_len": 64},
-}
-TORCH = {"torch-1.13": ("1.13.1", "11.7"), "torch-2.0": ("2.0.1", "11.8")}
-
-
-def make_record(
-    env: str,
-    model: str,
-    variant: str,
-    trial: int,
-    status: str = "ok",
-    samples_per_s: float | None = None,
-    reason: str = "",
-    **sizes: int,
-) -> Record:
-    torch_version, cuda = TORCH[env]
-    cell = CellSpec(
-        model=model,
-        variant=variant,
-        knobs=variant,
-        mode="train",
-        env=env,
-        trial=trial,
-        **{**SIZES[model], **sizes},
-    )
-    metrics = Metrics(
-        throughput_samples_per_s=samples_per_s,
-        step_times_s=[0.1 + trial / 100, 0.2] if status == "ok" else [],
-        first_step_s=2.0 + trial if status == "ok" else None,
-        peak_memory_bytes=(100 + trial) * 1024 * 1024 if status == "ok" else None,
-        memory_kind="process_peak_rss",
-    )
-    numerics = NumericsCheck(checked=True, tolerance=1e-4, max_relative_error=1e-6, passed=True)
-    provenance = Provenance(
-        torch=torch_version,
-        cuda=cuda,
-        cudnn="8500",
-        device_name="Test CPU",
-        cpu_model="Test CPU",
-        torch_threads=4,
-        python="3.10.13",
-        packages={"torch": torch_version, "torchvision": "0.15.2", "numpy": "1.24.4"},
-        git_commit="1234567",
-        hostname="testhost",
-    )
-    return Record(
-        cell=cell,
-        status=status,
-        reason=reason,
-        metrics=metrics,
-        numerics=numerics,
-        provenance=provenance,
-    )
-
-
-# (env, model, variant, trial, status, samples/s, reason)
-FIXTURE_CELLS = [
-    ("torch-1.13", "resnet50", "eager", 0, "ok", 100.0, ""),
-    ("torch-1.13", "resnet50", "eager", 1, "ok", 120.0, ""),
-    ("torch-1.13", "resnet50", "eager", 2, "ok", 110.0, ""),
-    ("torch-2.0", "resnet50", "compile", 0, "ok", 150.0, ""),
-    ("torch-2.0", "resnet50", "compile", 1, "ok", 180.0, ""),
-    ("torch-2.0", "resnet50", "compile", 2, "failed", None, "RuntimeError: boom"),
-    ("torch-2.0", "resnet50", "eager", 0, "ok", 132.0, ""),
-    ("torch-2.0", "resnet50", "eager", 1, "ok", 132.0, ""),
-    ("torch-1.13", "bert-base", "eager", 0, "ok", 10.0, ""),
-    ("torch-1.13", "bert-base", "eager", 1, "ok", 12.0, ""),
-    ("torch-2.0", "bert-base", "compile", 0, "ok", 22.0, ""),
-    ("torch-1.13", "gpt2", "eager", 0, "ok", 40.0, ""),
-    ("torch-2.0", "gpt2", "compile", 0, "unsupported", None, "needs torch>=2.0 | fake"),
-]
-CORRUPT_NAME = "corrupt.json"
-
-
-def write_fixture_records(directory: Path) -> list[Path]:
-    """The fixture's record files, a corrupt one and one at a size the config does not ask for."""
-    paths = []
-    for env, model, variant, trial, status, rate, reason in FIXTURE_CELLS:
-        path = directory / f"{env}_{model}_{variant}_{trial}.json"
-        write_record(make_record(env, model, variant, trial, status, rate, reason), path)
-        paths.append(path)
-    other_size = directory / "torch-1.13_resnet50_eager_b64.json"
-    record = make_record("torch-1.13", "resnet50", "eager", 0, "ok", 999.0, batch_size=64)
-    write_record(record, other_size)
-    corrupt = directory / CORRUPT_NAME
-    corrupt.write_text('{"cell": {"model": "resn', encoding="utf-8")
-    return [*paths, other_size, corrupt]
 
 
 @pytest.fixture
@@ -743,37 +621,6 @@ def test_verdict_on_constructed_rows(
 # --- the command line ----------------------------------------------------------------------------
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "aggregate.py"), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=False,
-    )
-
-
-def write_inputs(directory: Path) -> tuple[Path, Path]:
-    config, claims = directory / "config.json", directory / "claims.yaml"
-    config.write_text(pd.io.json.ujson_dumps(CONFIG), encoding="utf-8")
-    claims.write_text(yaml.safe_dump(CLAIMS), encoding="utf-8")
-    return config, claims
-
-
-def aggregate_cli(tmp_path: Path, record_paths: list[Path]) -> Path:
-    """Run scripts/aggregate.py on the fixture (records passed through --records-from)."""
-    config, claims = write_inputs(tmp_path)
-    listing = tmp_path / "records.txt"
-    listing.write_text("\n".join(str(p) for p in record_paths) + "\n", encoding="utf-8")
-    out_dir = tmp_path / "tables"
-    result = run_script(
-        "--config", str(config), "--claims", str(claims),
-        "--records-from", str(listing), "--out-dir", str(out_dir),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    return out_dir
-
-
 def test_cli_writes_the_four_tables(tmp_path: Path, record_paths: list[Path]) -> None:
     out_dir = aggregate_cli(tmp_path, record_paths)
     assert sorted(p.name for p in out_dir.iterdir()) == [
@@ -814,7 +661,7 @@ def test_cli_names_a_listed_record_that_does_not_exist(
 
 def test_cli_accepts_records_as_arguments(tmp_path: Path, record_paths: list[Path]) -> None:
     config, claims = write_inputs(tmp_path)
-    result = run_script(
+    result = run_aggregate_script(
         "--config", str(config), "--claims", str(claims),
         "--records", *map(str, record_paths), "--out-dir", str(tmp_path / "t"),
     )  # fmt: skip
@@ -833,7 +680,7 @@ def test_cli_reports_bad_input_in_one_line(tmp_path: Path, problem: str) -> None
         config.write_text("comparisons: [1, 2]\nmodels: {}\nmodes: [train]\n", encoding="utf-8")
     else:
         listing = tmp_path / "nope.txt"
-    result = run_script(
+    result = run_aggregate_script(
         "--config", str(config), "--claims", str(claims),
         "--records-from", str(listing), "--out-dir", str(tmp_path / "t"),
     )  # fmt: skip

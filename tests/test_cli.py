@@ -3,52 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from jsonschema import Draft202012Validator
+from helpers import TINY_CELL, files_in, fill, full_disk, ptspeed, read_valid_record
 
 from ptspeed.models import REGISTRY
-from ptspeed.record import Record, json_schema
+from ptspeed.record import json_schema
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-TINY_CELL = [
-    "--model", "mlp", "--batch-size", "2", "--warmup", "1", "--steps", "2",
-    "--numerics-steps", "1", "--device", "cpu",
-]  # fmt: skip
 HANG_TIMEOUT_S = 5
 HANG_DEADLINE_S = 15
 
 
-def ptspeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m ptspeed ARGS`` as a user would, with this checkout's sources."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "ptspeed", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
-
-
-def read_valid_record(path: Path) -> Record:
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    Draft202012Validator(json_schema()).validate(data)
-    return Record.from_dict(data)
-
-
-def files_in(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir())
-
-
+@pytest.mark.slow
 def test_a_tiny_cell_writes_an_ok_record_atomically(tmp_path: Path) -> None:
     out = tmp_path / "records" / "cell.json"
     out.parent.mkdir()
@@ -80,6 +48,7 @@ def test_a_hung_cell_ends_as_a_timeout(tmp_path: Path) -> None:
     assert files_in(tmp_path) == ["cell.json"]
 
 
+@pytest.mark.slow
 def test_a_crashed_worker_ends_as_failed_naming_the_signal(tmp_path: Path) -> None:
     out = tmp_path / "cell.json"
     result = ptspeed("cell", *TINY_CELL, "--fault", "crash", "--out", str(out))
@@ -142,3 +111,20 @@ def test_models_command_lists_every_model_with_its_sizes() -> None:
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines] == list(REGISTRY)
     assert "image_size 32..2048" in lines[list(REGISTRY).index("resnet50")]
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_the_cell_in_one_line_and_loses_nothing(tmp_path: Path) -> None:
+    with full_disk(tmp_path / "disk") as disk:
+        kept = disk / "trial0.json"
+        kept.write_text('{"an earlier record": true}\n', encoding="utf-8")
+        fill(disk)
+        out = disk / "trial1.json"
+        result = ptspeed("cell", *TINY_CELL, "--out", str(out))
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.splitlines()[-1] == (
+            f"error: no record written: cannot write {out}: No space left on device"
+        )
+        assert "Traceback" not in result.stderr
+        assert files_in(disk) == ["filler", "trial0.json"]  # no partial record, no temporary
+        assert kept.read_text(encoding="utf-8") == '{"an earlier record": true}\n'

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from test_aggregate import write_fixture_records
+from helpers import write_fixture_records
 
 from ptspeed import stats
 from ptspeed.aggregate import load_tables

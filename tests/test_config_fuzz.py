@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from helpers import examples
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ptspeed.cli import parse_cell_options
 from ptspeed.config import (
     MAX_MESSAGE_CHARS,
     SCHEMA_PATH,
@@ -26,6 +28,8 @@ from ptspeed.config import (
     key_path,
     prepare_config,
 )
+from ptspeed.matrix import cell_options, cell_spec, cells
+from ptspeed.validate import check_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG: dict[str, Any] = yaml.safe_load((ROOT / "config/config.yaml").read_text())
@@ -121,6 +125,12 @@ def test_device_auto_is_resolved_by_the_detector() -> None:
 
 METACHARACTERS = [";", "$(id)", "`id`", "|", "&", ">", " ", "\n", "*", "'", '"', "\\"]
 BAD = [
+    # cross-field rules
+    (
+        "comparisons.two-hosts.claim",
+        "no-such-group",
+        "comparisons.two-hosts.claim: 'no-such-group'",
+    ),
     # unknown keys
     ("bogus", 1, "Additional properties are not allowed ('bogus' was unexpected); accepted:"),
     ("steps.warm", 3, "steps: Additional properties are not allowed ('warm' was unexpected)"),
@@ -282,7 +292,7 @@ YAML_LIKE = st.recursive(
     ),
     max_leaves=20,
 )
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(200))
 
 
 def check_outcome(raw: Any) -> None:
@@ -338,3 +348,47 @@ def test_mutations_of_the_default_config_are_accepted_or_refused_in_one_line(
     raw: dict[str, Any],
 ) -> None:
     check_outcome(raw)
+
+
+# --- what the check accepts, every cell runs ------------------------------------------------
+
+
+@st.composite
+def host_configs(draw: st.DrawFn) -> dict[str, Any]:
+    """HOST_CONFIG with steps, sizes, modes, trials and a time limit drawn across (and past)
+    the ranges the schema and the cells accept."""
+    config = copy.deepcopy(HOST_CONFIG)
+    config["steps"] = {name: draw(st.integers(0, 6)) for name in ("warmup", "measured", "numerics")}
+    config["models"]["mlp"]["cpu"]["batch_size"] = draw(st.integers(0, 5000))
+    config["modes"] = draw(st.lists(st.sampled_from(["train", "infer"]), min_size=1, unique=True))
+    config["trials"] = draw(st.integers(1, 3))
+    config["timeout_s"] = draw(st.sampled_from([0.5, 60, 1800]))
+    config["oom_retry"] = draw(st.booleans())
+    return config
+
+
+@settings(max_examples=examples(150))
+@given(host_configs())
+def test_every_cell_of_an_accepted_config_runs(config: dict[str, Any]) -> None:
+    """A config the check accepts never ends in a cell command that refuses its arguments
+    (a usage error and no record): each cell's options parse back to the same spec, and the
+    cell's own input check passes."""
+    try:
+        device_class = prepare(config)
+    except ConfigError as exc:
+        assert is_one_line(str(exc)) and names_a_key(str(exc), config), str(exc)
+        return
+    for cell in cells(config, device_class):
+        spec = cell_spec(config, cell, device_class, threads=1)
+        parsed = parse_cell_options(cell_options(spec, config["oom_retry"]))
+        assert parsed == spec
+        check_cell(parsed)
+
+
+def test_numerics_may_exceed_warmup() -> None:
+    # The cell lengthens its warm-up to hold the check steps (ptspeed.harness.WarmupPlan).
+    prepare(changed("steps", {"warmup": 1, "numerics": 2}))
+
+
+def test_a_claim_group_of_claims_yaml_is_accepted() -> None:
+    prepare(changed("comparisons.two-hosts.claim", "pytorch-2.0-upgrade"))

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_workflow import BIN, PLAN_TIMEOUT_S, ROOT
-from test_workflow import snakemake as run_snakemake
+from helpers import BIN, PLAN_TIMEOUT_S, ROOT
+from helpers import snakemake as run_snakemake
 
 from ptspeed import provenance
 from ptspeed.containers import (
@@ -238,6 +238,31 @@ def test_run_command_gives_gpus_only_on_gpu_runs(engine: str, gpu_flag: list[str
     assert sorted(volumes) == sorted([f"{DATA_MOUNT}:{DATA_MOUNT}", f"{ROOT}:{ROOT}"])
 
 
+@pytest.mark.parametrize(
+    ("engine", "euid", "owner"),
+    [
+        ("podman", 1000, ["--userns", "keep-id"]),  # rootless podman maps the caller in
+        ("podman", 0, ["--user", "0:0"]),
+        ("docker", 1000, ["--user", "1000:1000"]),
+        ("docker", 0, ["--user", "0:0"]),
+    ],
+)
+def test_the_cell_runs_as_the_caller(
+    monkeypatch: pytest.MonkeyPatch, engine: str, euid: int, owner: list[str]
+) -> None:
+    """Both branches of the user mapping, whatever user runs the tests (CI runs as root, so
+    the integration test below sees only the root branch)."""
+    for name in ("geteuid", "getuid", "getgid"):
+        monkeypatch.setattr(os, name, lambda uid=euid: uid)
+    command = run_command(
+        engine, MANIFEST, ["true"], gpus=False, mounts=[ROOT], workdir=ROOT, environment={}
+    )
+    at = [i for i in range(len(command) - 1) if command[i : i + 2] == owner]
+    assert at, command
+    assert ("--userns" in command) == (owner[0] == "--userns")
+    assert ("--user" in command) == (owner[0] == "--user")
+
+
 def test_container_run_script_prints_the_command(tmp_path: Path) -> None:
     manifest = tmp_path / "torch-2.0.json"
     MANIFEST.write(manifest)
@@ -308,6 +333,7 @@ def test_container_config_errors_name_the_key(tmp_path: Path, change: Any, messa
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.workflow
 def test_a_bad_runtime_stops_the_workflow_with_one_line(tmp_path: Path) -> None:
     config = container_config(tmp_path, runtime="lxc")
     output = snakemake("-n", f"--configfile={write_config(tmp_path, config)}")
@@ -320,6 +346,7 @@ def test_a_bad_runtime_stops_the_workflow_with_one_line(tmp_path: Path) -> None:
 # --- the workflow's plan --------------------------------------------------------------------
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize(("device", "engine"), [("cpu", "podman"), ("cuda", "docker")])
 def test_cells_of_a_container_environment_run_in_the_built_image(
     tmp_path: Path, device: str, engine: str
@@ -341,6 +368,46 @@ def test_cells_of_a_container_environment_run_in_the_built_image(
     assert "-- python -m ptspeed cell --env torch-2.0 --model mlp" in cell
 
 
+# A podman stand-in whose storage holds no image (or, with PRESENT=1, every image).
+PODMAN_STANDIN = """#!/bin/sh
+if [ "$1 $2" = "image inspect" ] && [ "$PRESENT" != 1 ]; then
+    echo "Error: $5: image not known" >&2
+    exit 125
+fi
+exit 0
+"""
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("present", [True, False])
+def test_a_manifest_naming_a_pruned_image_builds_it_again(
+    tmp_path: Path, present: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if present:
+        monkeypatch.setenv("PRESENT", "1")
+    results = tmp_path / "results"
+    standin = tmp_path / "bin" / "podman"
+    standin.parent.mkdir()
+    standin.write_text(PODMAN_STANDIN)
+    standin.chmod(0o755)
+    manifest = results / "images" / "torch-2.0.json"
+    MANIFEST.write(manifest)  # as rule image wrote it, newer than every input
+    config = write_config(tmp_path, container_config(tmp_path, runtime="podman"))
+    output = snakemake(
+        "-n", f"--configfile={config}", str(results / RECORD),
+        path=f"{standin.parent}:{os.environ['PATH']}",
+    )  # fmt: skip
+    assert output.startswith("exit 0"), output[-4000:]
+    if present:
+        assert manifest.exists() and f"output: {manifest}" not in output
+        return
+    assert (
+        f"ptspeed: {manifest} names image {MANIFEST.id} ({MANIFEST.image}), which podman" in output
+    )
+    assert not manifest.exists() and f"output: {manifest}" in output  # rule image runs again
+
+
+@pytest.mark.workflow
 def test_apptainer_makes_the_sif_of_a_pinned_registry_image(tmp_path: Path) -> None:
     """containers.images pull under --sdm apptainer: rule sif builds the image from the
     registry by its digest, no engine is involved, and the cells run in that sif."""
@@ -383,6 +450,7 @@ def host_ca_bundle() -> str:
     reason="builds a 5 GB image with podman (minutes): set PTSPEED_CONTAINER_BUILD=1 after "
     ".ci/podman.sh",
 )
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 300)
 def test_podman_builds_the_torch_2_0_image_and_runs_a_cell_in_it(tmp_path: Path) -> None:
     assert shutil.which("podman"), "podman is missing: run .ci/podman.sh"
     exists = subprocess.run(["podman", "image", "exists", CI_BASE_IMAGE], check=False)
@@ -414,7 +482,8 @@ def test_podman_builds_the_torch_2_0_image_and_runs_a_cell_in_it(tmp_path: Path)
     assert record["provenance"]["torch"].startswith("2.0.1")
     assert record["provenance"]["python"].startswith("3.10")
     assert record["provenance"]["git_commit"], "the host's commit goes into the container"
-    # The cell ran as the caller, so the caller owns what it wrote.
+    # The cell ran as the caller, so the caller owns what it wrote. As root this holds
+    # whatever the mapping does; test_the_cell_runs_as_the_caller checks both branches.
     assert record_path.stat().st_uid == os.getuid()
 
 

@@ -5,6 +5,7 @@ test marked slow installs from PyPI.
 """
 
 import base64
+import fcntl
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 
 from ptspeed import envbuild
 from ptspeed.envbuild import (
+    INSTALLERS,
     MARKER_NAME,
     EnvBuildError,
     build_venv,
@@ -172,24 +175,45 @@ def offline_lock(tmp_path: Path, wheel: Path, sha256: str | None = None) -> Path
     return requirements
 
 
-def build_tiny(requirements: Path, dest: Path) -> Path:
+def build_tiny(requirements: Path, dest: Path, installer: str = "pip") -> Path:
     return build_venv(
-        "tiny", requirements, THIS_PYTHON, dest, python=sys.executable, verify_imports=["tinypkg"]
+        "tiny",
+        requirements,
+        THIS_PYTHON,
+        dest,
+        python=sys.executable,
+        verify_imports=["tinypkg"],
+        installer=installer,
     )
 
 
-def test_build_venv_builds_marks_and_moves_into_place(tmp_path: Path) -> None:
+@pytest.fixture(params=INSTALLERS)
+def installer(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> str:
+    """Each installer in turn; uv where it is installed (make setup installs it), with a cache
+    of the tests' own (a test damages a hard-linked file on purpose)."""
+    if request.param == "uv" and envbuild.find_uv() is None:
+        pytest.skip("uv is not installed")
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "uv-cache"))
+    return request.param
+
+
+@pytest.mark.venv
+def test_build_venv_builds_marks_and_moves_into_place(tmp_path: Path, installer: str) -> None:
     requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
     dest = tmp_path / "envs"
     leftover = dest / f"tiny-{lock_hash(requirements)}"  # as an interrupted build leaves it
     leftover.mkdir(parents=True)
     (leftover / "half-written").write_text("")
 
-    venv = build_tiny(requirements, dest)
+    venv = build_tiny(requirements, dest, installer)
 
     assert venv == leftover.absolute()
     assert not (venv / "half-written").exists()
-    assert [path.name for path in dest.iterdir()] == [venv.name]  # no temporary dir left
+    assert sorted(path.name for path in dest.iterdir()) == [f".{venv.name}.lock", venv.name]
     marker = json.loads((venv / MARKER_NAME).read_text())
     assert marker["name"] == "tiny"
     assert marker["python_version"] == platform.python_version()
@@ -197,6 +221,7 @@ def test_build_venv_builds_marks_and_moves_into_place(tmp_path: Path) -> None:
     assert marker["modules"] == {"tinypkg": "1.0"}
     assert marker["lock_hash"] == lock_hash(requirements)
     assert marker["requirements"] == str(requirements)
+    assert marker["installer"] == installer
     assert marker["created_at"]
     imported = subprocess.run(
         [venv_python(venv), "-c", "import sys, tinypkg; print(sys.prefix, tinypkg.__version__)"],
@@ -205,11 +230,12 @@ def test_build_venv_builds_marks_and_moves_into_place(tmp_path: Path) -> None:
         check=True,
     )
     assert imported.stdout.split() == [str(venv), "1.0"]
-    pip_script = (venv / "bin" / "pip").read_text()
-    assert f"{venv}/bin/python" in pip_script
-    assert ".tmp-" not in pip_script
+    if installer == "pip":  # uv's venvs have no pip
+        pip_script = (venv / "bin" / "pip").read_text()
+        assert f"{venv}/bin/python" in pip_script
+        assert ".tmp-" not in pip_script
     assert "tmp-" not in (venv / "bin" / "activate").read_text()
-    assert build_tiny(requirements, dest) == venv
+    assert build_tiny(requirements, dest, installer) == venv
     assert json.loads((venv / MARKER_NAME).read_text()) == marker  # reused, not rebuilt
 
 
@@ -221,32 +247,132 @@ def test_build_venv_reuses_a_complete_venv_without_running_anything(tmp_path: Pa
     (venv / "bin" / "python").symlink_to(sys.executable)
     marker = {"name": "tiny", "lock_hash": lock_hash(requirements)}
     marker["python_version"] = platform.python_version()
+    marker["modules"] = {"json": json.__version__}
     (venv / MARKER_NAME).write_text(json.dumps(marker))
 
     found = build_venv(
-        "tiny", requirements, THIS_PYTHON, tmp_path / "envs", python="/nonexistent/python"
+        "tiny",
+        requirements,
+        THIS_PYTHON,
+        tmp_path / "envs",
+        python="/nonexistent/python",
+        verify_imports=["json"],
     )
     assert found == venv
 
 
-def test_build_venv_refuses_a_wheel_with_another_hash(tmp_path: Path) -> None:
+@pytest.mark.venv
+def test_build_venv_refuses_a_wheel_with_another_hash(tmp_path: Path, installer: str) -> None:
     requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"), sha256="0" * 64)
     with pytest.raises(EnvBuildError, match="installing the lock of tiny failed"):
-        build_tiny(requirements, tmp_path / "envs")
-    assert list((tmp_path / "envs").iterdir()) == []
+        build_tiny(requirements, tmp_path / "envs", installer)
+    assert [p.name for p in (tmp_path / "envs").iterdir()] == [
+        f".tiny-{lock_hash(requirements)}.lock"
+    ]
 
 
+@pytest.mark.venv
 def test_build_venv_checks_the_imported_version_against_the_lock(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "wheels", module_version="2.0")
     requirements = offline_lock(tmp_path, wheel)
     with pytest.raises(EnvBuildError, match=re.escape("pins tinypkg==1.0, the venv has 2.0")):
         build_tiny(requirements, tmp_path / "envs")
-    assert list((tmp_path / "envs").iterdir()) == []
+    assert [p.name for p in (tmp_path / "envs").iterdir()] == [
+        f".tiny-{lock_hash(requirements)}.lock"
+    ]
 
 
 def test_build_venv_reports_a_missing_requirements_file(tmp_path: Path) -> None:
     with pytest.raises(EnvBuildError, match="not found"):
         build_venv("tiny", tmp_path / "missing.txt", THIS_PYTHON, tmp_path / "envs")
+
+
+# --- faults: a killed build, a damaged venv, two builds of one lock -------------------------
+
+BUILD_TINY = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from ptspeed.envbuild import build_venv
+venv = build_venv("tiny", sys.argv[2], sys.argv[3], sys.argv[4], python=sys.executable,
+                  verify_imports=["tinypkg"], installer=sys.argv[5])
+print(venv)
+"""
+
+
+def start_build(requirements: Path, dest: Path, installer: str) -> subprocess.Popen[str]:
+    """build_venv of the tiny lock in another process (as another Snakemake run would)."""
+    command = [sys.executable, "-c", BUILD_TINY, str(REPO / "src"), str(requirements)]
+    command += [THIS_PYTHON, str(dest), installer]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+def staging_dirs(dest: Path) -> list[Path]:
+    return sorted(dest.glob(".tmp-*")) if dest.exists() else []
+
+
+@pytest.mark.venv
+def test_a_build_killed_midway_leaves_a_staging_dir_that_the_next_build_removes(
+    tmp_path: Path, installer: str
+) -> None:
+    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
+    dest = tmp_path / "envs"
+    # pip's venv creation (ensurepip) takes seconds: the build is killed while it works.
+    build = start_build(requirements, dest, "pip")
+    deadline = time.monotonic() + 120
+    while not staging_dirs(dest) and time.monotonic() < deadline and build.poll() is None:
+        time.sleep(0.02)
+    build.kill()  # SIGKILL: no finally block runs, as when a node or an OOM killer ends it
+    build.communicate()
+    [leaked] = staging_dirs(dest)
+    assert not (dest / f"tiny-{lock_hash(requirements)}").exists()
+
+    venv = build_tiny(requirements, dest, installer)
+    assert not leaked.exists() and staging_dirs(dest) == []
+    assert json.loads((venv / MARKER_NAME).read_text())["modules"] == {"tinypkg": "1.0"}
+
+
+@pytest.mark.venv
+def test_a_damaged_cached_venv_is_rebuilt_not_trusted(
+    tmp_path: Path, installer: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
+    venv = build_tiny(requirements, tmp_path / "envs", installer)
+    [module] = venv.glob("lib/python*/site-packages/tinypkg/__init__.py")
+    module.write_text("raise ImportError('a file of the package was lost')\n")  # marker intact
+    capsys.readouterr()
+
+    assert build_tiny(requirements, tmp_path / "envs", installer) == venv
+    said = capsys.readouterr().err
+    assert (
+        f"the cached environment tiny is broken (tinypkg does not import as built): {venv}" in said
+    )
+    assert "building environment tiny" in said
+    imported = subprocess.run([venv_python(venv), "-c", "import tinypkg"], capture_output=True)
+    assert imported.returncode == 0, imported.stderr
+
+
+@pytest.mark.venv
+def test_two_runs_building_one_lock_build_it_once(tmp_path: Path, installer: str) -> None:
+    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
+    dest = tmp_path / "envs"
+    dest.mkdir()
+    lock_path = dest / f".tiny-{lock_hash(requirements)}.lock"
+    # Both start while a third holder has the lock, so that they surely overlap.
+    with open(lock_path, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        builds = [start_build(requirements, dest, installer) for _ in range(2)]
+        time.sleep(1)
+    outcomes = [build.communicate(timeout=300) for build in builds]
+    assert [build.returncode for build in builds] == [0, 0], outcomes
+    said = "".join(err for _, err in outcomes)
+    assert said.count("waiting for another run building environment tiny") == 2, said
+    assert said.count("building environment tiny with") == 1, said
+    assert said.count("reusing environment tiny, built by another run meanwhile") == 1, said
+    built = {out.strip().splitlines()[-1] for out, _ in outcomes}  # after the installer's output
+    assert built == {str(dest / f"tiny-{lock_hash(requirements)}")}
 
 
 # --- scripts/build_env.py ------------------------------------------------------------------
@@ -258,15 +384,22 @@ def run_build_env(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedPr
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, check=False)
 
 
+def torch_version_of(python: str) -> str:
+    probe = [python, "-c", "import torch; print(torch.__version__)"]
+    return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.slow  # imports torch twice in subprocesses
 def test_build_env_script_writes_the_interpreter_path(tmp_path: Path) -> None:
     requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
     link = tmp_path / "results" / "envs" / "tiny.path"
-    # An already complete venv: the script must only find it and write the link.
+    # An already complete venv whose torch imports (the tests' own interpreter stands in for
+    # its python): the script must only find it and write the link.
     venv = tmp_path / "envs" / f"tiny-{lock_hash(requirements)}"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").symlink_to(sys.executable)
+    fake_executable(venv / "bin" / "python", f'exec {sys.executable} "$@"')
     marker = {"name": "tiny", "lock_hash": lock_hash(requirements)}
     marker["python_version"] = platform.python_version()
+    marker["modules"] = {"torch": torch_version_of(sys.executable)}
     (venv / MARKER_NAME).write_text(json.dumps(marker))
 
     done = run_build_env(
@@ -294,6 +427,8 @@ def test_build_env_script_fails_in_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.venv
+@pytest.mark.network
 def test_build_venv_from_pypi(tmp_path: Path) -> None:
     requirements = tmp_path / "six.txt"
     requirements.write_text(
@@ -303,4 +438,5 @@ def test_build_venv_from_pypi(tmp_path: Path) -> None:
     )
     venv = build_venv("six", requirements, THIS_PYTHON, tmp_path / "envs", verify_imports=["six"])
     assert json.loads((venv / MARKER_NAME).read_text())["modules"] == {"six": "1.16.0"}
-    assert build_venv("six", requirements, THIS_PYTHON, tmp_path / "envs") == venv
+    again = build_venv("six", requirements, THIS_PYTHON, tmp_path / "envs", verify_imports=["six"])
+    assert again == venv

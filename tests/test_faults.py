@@ -25,14 +25,15 @@ from typing import Any
 
 import pytest
 import yaml
-from test_aggregate import make_record
-from test_cli import TINY_CELL, read_valid_record
-from test_workflow import (
+from helpers import (
     ROOT,
+    TINY_CELL,
     TINY_STEPS,
     job_counts,
+    make_record,
     ok,
     planned_outputs,
+    read_valid_record,
     snakemake,
     tool,
     write_config,
@@ -52,6 +53,8 @@ HANG_LIMIT_S = (
     60  # the faulty run's cell limit: a cell and a retry fit in it on a busy 2-core machine
 )
 CELL_JOB = re.compile(r"^\s*(?:local)?rule cell:", re.MULTILINE)
+WILL_EXIT = "Will exit after finishing currently running jobs"
+TWO_JOBS_DONE = re.compile(r"^2 of \d+ steps \(\d+%\) done", re.MULTILINE)
 
 HOSTS: dict[str, Any] = {
     "device": "cpu",
@@ -204,6 +207,7 @@ def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, st
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_a_hung_cell_ends_as_a_timeout_and_the_run_goes_on(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -218,6 +222,7 @@ def test_a_hung_cell_ends_as_a_timeout_and_the_run_goes_on(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_out_of_memory_is_recorded_with_the_batch_size_and_retried_at_half(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -236,6 +241,7 @@ def test_out_of_memory_is_recorded_with_the_batch_size_and_retried_at_half(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_retried_trials_are_shown_apart_and_never_mixed_into_a_speedup(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -259,6 +265,7 @@ def test_retried_trials_are_shown_apart_and_never_mixed_into_a_speedup(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_shell_syntax_in_a_title_stays_text(faulty_run: tuple[Path, Path, str]) -> None:
     config, results, _ = faulty_run
     assert not (config.parent / CANARY).exists()
@@ -272,6 +279,7 @@ def test_shell_syntax_in_a_title_stays_text(faulty_run: tuple[Path, Path, str]) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_a_changed_config_plans_only_the_cells_it_affects(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -305,6 +313,7 @@ def test_a_changed_config_plans_only_the_cells_it_affects(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_records_of_an_older_config_are_stale_not_counted(
     faulty_run: tuple[Path, Path, str], tmp_path: Path
 ) -> None:
@@ -333,6 +342,7 @@ def test_records_of_an_older_config_are_stale_not_counted(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_corrupt_and_foreign_records_are_named_and_the_rest_aggregated(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
@@ -502,6 +512,7 @@ def linked_working_directory(directory: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(4 * RUN_TIMEOUT_S)
 def test_interrupted_runs_keep_whole_records_and_rerun_only_unfinished_cells(
     tmp_path: Path,
 ) -> None:
@@ -524,15 +535,21 @@ def test_interrupted_runs_keep_whole_records_and_rerun_only_unfinished_cells(
         same_dir = snakemake_in(first, "--configfile", str(config_path))
         other_dir = snakemake_in(second, "--configfile", str(config_path))
         run.send_signal(signal.SIGTERM)
-        time.sleep(3)
-        assert run.poll() is None  # Snakemake waits for its running jobs
+        # Snakemake has taken the signal when it says so; from then on only its running job
+        # keeps it alive (not mere slowness): it must still run while the cell does.
+        log_path = tmp_path / "phase1.log"
+        wait_for(
+            lambda: WILL_EXIT in log_path.read_text(encoding="utf-8"), "Snakemake to take SIGTERM"
+        )
+        time.sleep(1)
+        assert alive(watchdog) and run.poll() is None  # Snakemake waits for its running jobs
         os.kill(watchdog, signal.SIGTERM)
         assert run.wait(timeout=WAIT_S) != 0
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     log = (tmp_path / "phase1.log").read_text(encoding="utf-8")
-    assert "Will exit after finishing currently running jobs" in log
+    assert WILL_EXIT in log
     assert same_dir.returncode != 0 and "Directory cannot be locked" in same_dir.stdout
     assert f"results: {results} is in use by another run (process {run.pid} on " in other_dir.stdout
     for refused in (same_dir, other_dir):
@@ -572,9 +589,53 @@ def test_interrupted_runs_keep_whole_records_and_rerun_only_unfinished_cells(
     assert list(runs["status"]) == ["ok", "ok"]
 
 
+@pytest.mark.slow
+@pytest.mark.workflow
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)
+def test_ctrl_c_stops_the_run_and_the_rerun_redoes_only_the_interrupted_cell(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C in the terminal: SIGINT to Snakemake's whole process group while host/0 is done
+    and host-b/0 runs. No record of the interrupted cell, no temporary file; the rerun (no
+    fault this time, no --unlock needed) runs that cell alone."""
+    config = {**copy.deepcopy(HOSTS), "trials": 1, "timeout_s": 600}
+    config_path = write_config(tmp_path, config)
+    results = tmp_path / "results"
+    done, hung = record_path(results, "host", 0), record_path(results, "host-b", 0)
+    log = tmp_path / "run.log"
+    run = start_snakemake(ROOT, config_path, log, "host-b/mlp/eager/train/0=hang")
+    try:
+        # The first cell done as Snakemake counts it, not only its record on disk: with the
+        # effective config, two jobs finished (the other cell hangs until interrupted).
+        wait_for(done.exists, "the first cell's record")
+        wait_for(lambda: TWO_JOBS_DONE.search(log.read_text(encoding="utf-8")), "two jobs done")
+        _, worker = running_cell(hung)
+        kept = done.read_bytes()
+        os.killpg(run.pid, signal.SIGINT)
+        try:
+            assert run.wait(timeout=WAIT_S) != 0
+        except subprocess.TimeoutExpired:
+            tail = log.read_text(encoding="utf-8")[-3000:]
+            pytest.fail(f"Snakemake still runs {WAIT_S} s after Ctrl-C; its log ends:\n{tail}")
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    wait_for(lambda: not alive(worker), "the worker to stop with its watchdog", 30)
+    assert not hung.exists()
+    assert assert_records_complete(results) == [done] and done.read_bytes() == kept
+    assert not list(results.rglob("*.tmp")) and not processes_of(results)
+
+    rerun = ok(snakemake_in(ROOT, "--configfile", str(config_path)))
+    assert planned_outputs(rerun)["cell"] == [str(hung)]
+    assert done.read_bytes() == kept
+    runs = aggregate.read_table(results / "tables/runs.csv")
+    assert list(runs["status"]) == ["ok", "ok"]
+
+
 # --- 7, 8: bad configs refused end to end; nothing in a config runs ---------------------------
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize("case", ["outside", "python-tag", "code-knob"])
 def test_bad_config_runs_nothing_and_executes_nothing(tmp_path: Path, case: str) -> None:
     canary = tmp_path / "executed"

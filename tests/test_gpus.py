@@ -27,13 +27,19 @@ from ptspeed.matrix import ConfigError
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # One process of the concurrency test: claims GPUs, notes when it held which, holds a while.
+# With a start file it says it is ready (OUT.ready) and claims only once the file exists, so
+# that every holder claims at the same moment however slowly the processes started.
 HOLDER = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
     from ptspeed.gpus import GpuPool, claim_gpus
-    count, n_gpus, locks, out, hold_s = sys.argv[1:]
+    count, n_gpus, locks, out, hold_s, start_file = sys.argv[1:]
     pool = GpuPool(tuple(str(i) for i in range(int(n_gpus))), "test")
+    if start_file:
+        Path(out + ".ready").touch()
+        while not Path(start_file).exists():
+            time.sleep(0.005)
     with claim_gpus(int(count), wait_s=60, pool=pool, locks=Path(locks)) as claim:
         start = time.monotonic()
         time.sleep(float(hold_s))
@@ -44,11 +50,12 @@ HOLDER = textwrap.dedent(
 
 
 def start_holder(
-    tmp_path: Path, name: str, count: int, n_gpus: int, hold_s: float
+    tmp_path: Path, name: str, count: int, n_gpus: int, hold_s: float, start_file: str = ""
 ) -> tuple[subprocess.Popen[bytes], Path]:
     out = tmp_path / f"{name}.json"
+    arguments = (count, n_gpus, tmp_path / "locks", out, hold_s, start_file)
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, *map(str, (count, n_gpus, tmp_path / "locks", out, hold_s))],
+        [sys.executable, "-c", HOLDER, *map(str, arguments)],
         env={**os.environ, "PYTHONPATH": str(SRC)},
     )
     return process, out
@@ -118,20 +125,27 @@ def test_concurrent_cells_never_share_a_gpu(tmp_path: Path) -> None:
     """Six processes start at once on a 4-GPU node, some asking for 2: at no moment do two of
     them hold the same GPU, and the ones that had to wait got GPUs once others let go."""
     wanted = [1, 2, 1, 1, 2, 1]
+    start_file = tmp_path / "start"
     holders = [
-        start_holder(tmp_path, f"cell{i}", count, n_gpus=4, hold_s=0.6)
+        start_holder(tmp_path, f"cell{i}", count, n_gpus=4, hold_s=0.6, start_file=str(start_file))
         for i, count in enumerate(wanted)
     ]
+    deadline = time.monotonic() + 60
+    while not all(Path(f"{out}.ready").exists() for _, out in holders):
+        assert time.monotonic() < deadline, "the holders did not start"
+        time.sleep(0.02)
+    start_file.touch()  # all claim at once: 8 GPUs asked of 4
     for process, _ in holders:
         assert process.wait(timeout=60) == 0
     held = [json.loads(out.read_text()) for _, out in holders]
     assert [len(h["ids"]) for h in held] == wanted
-    for i, a in enumerate(held):
-        for b in held[i + 1 :]:
-            overlap = a["start"] < b["end"] and b["start"] < a["end"]
-            if overlap:
-                assert set(a["ids"]).isdisjoint(b["ids"]), (a, b)
-    assert max(h["end"] for h in held) - min(h["start"] for h in held) >= 1.1  # some waited
+    pairs = [(a, b) for i, a in enumerate(held) for b in held[i + 1 :]]
+    overlapping = [(a, b) for a, b in pairs if a["start"] < b["end"] and b["start"] < a["end"]]
+    assert overlapping, "no two holders held GPUs at once: the check below would be vacuous"
+    for a, b in overlapping:
+        assert set(a["ids"]).isdisjoint(b["ids"]), (a, b)
+    first_end = min(h["end"] for h in held)
+    assert any(h["start"] >= first_end for h in held), "none waited for a GPU to be let go"
 
 
 def test_a_killed_cell_leaves_its_gpu_free(tmp_path: Path) -> None:
@@ -198,6 +212,7 @@ def run_cuda_cell(tmp_path: Path, name: str, knobs: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_a_cell_runs_on_the_gpu_no_other_cell_holds(tmp_path: Path) -> None:
     """GPU 0 is held by another cell: this one is given GPU 1, and its record says so (torch
     sees no CUDA device on this machine, so the cell itself is unsupported)."""

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import by_cost, is_heavy, knob_cases
 from jsonschema import Draft202012Validator
 from torch import nn
 from torch.nn import functional
@@ -73,7 +74,7 @@ def assert_measured(record: Record, spec: CellSpec) -> None:
 
 
 @pytest.mark.parametrize("mode", ["train", "infer"])
-@pytest.mark.parametrize("model", list(REGISTRY))
+@pytest.mark.parametrize("model", by_cost(REGISTRY))
 def test_every_model_runs_a_tiny_cell(model: str, mode: str, tmp_path: Path) -> None:
     spec = tiny_cell(model, mode=mode)
     record = run_cell(spec)
@@ -112,8 +113,10 @@ SUPPORTED_ON_CPU: list[tuple[str, str, str, dict[str, Any]]] = [
 
 @pytest.mark.parametrize(
     ("model", "knobs", "mode", "fields"),
-    SUPPORTED_ON_CPU,
-    ids=[f"{model}-{knobs}-{mode}" for model, knobs, mode, _ in SUPPORTED_ON_CPU],
+    [
+        pytest.param(*case, id="-".join(case[:3]), marks=[pytest.mark.slow] * is_heavy(*case[:2]))
+        for case in SUPPORTED_ON_CPU
+    ],
 )
 def test_supported_knobs_run_and_match_eager(
     model: str, knobs: str, mode: str, fields: dict[str, Any]
@@ -227,7 +230,7 @@ DROPOUT_SPEC = ModelSpec(
 )
 
 
-@pytest.mark.parametrize("knobs", ["loader=0", "loader=2", "compile+backend=aot_eager"])
+@pytest.mark.parametrize("knobs", knob_cases(["loader=0", "loader=2", "compile+backend=aot_eager"]))
 def test_random_ops_see_the_same_random_numbers_as_the_reference(
     knobs: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -238,6 +241,7 @@ def test_random_ops_see_the_same_random_numbers_as_the_reference(
     assert record.numerics.variant_values == pytest.approx(record.numerics.reference_values)
 
 
+@pytest.mark.slow
 def test_compiled_dropout_passes_within_the_spread_of_reseeded_eager(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

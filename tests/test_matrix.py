@@ -22,6 +22,7 @@ from ptspeed.models import Sizes
 BASE: dict[str, Any] = {
     "trials": 2,
     "timeout_s": 1800,
+    "steps": {"warmup": 3, "measured": 10, "numerics": 2},
     "modes": ["train"],
     "environments": {
         "old": {"kind": "venv", "requirements": "envs/torch-1.13.txt", "python": "3.10"},

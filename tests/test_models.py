@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import by_cost
 
 from ptspeed.harness import _build
 from ptspeed.knobs import BadInput
@@ -91,7 +92,7 @@ def test_batches_are_seeded_and_batch_first(model: str) -> None:
     assert not same_tensors(batch, make_batch(model, seed=1))
 
 
-@pytest.mark.parametrize("model", sorted(REGISTRY))
+@pytest.mark.parametrize("model", by_cost(sorted(REGISTRY)))
 def test_initial_weights_are_seeded(model: str) -> None:
     spec, sizes = get_model(model), TINY[model]
     first = _build(spec, sizes, 0, CPU).state_dict()

@@ -5,9 +5,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import fill, full_disk
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
@@ -18,6 +25,7 @@ from ptspeed.record import (
     NumericsCheck,
     Provenance,
     Record,
+    WriteFailed,
     json_schema,
     read_record,
     write_atomic,
@@ -84,12 +92,61 @@ def test_schema_is_valid_draft_2020_12() -> None:
     assert schema["properties"]["status"]["enum"] == list(STATUSES)
 
 
-def test_schema_requires_every_field_of_every_part() -> None:
-    schema = json_schema()
-    assert schema["required"] == [f.name for f in dataclasses.fields(Record)]
-    for name, cls in (("cell", CellSpec), ("metrics", Metrics), ("provenance", Provenance)):
-        assert schema["properties"][name]["required"] == [f.name for f in dataclasses.fields(cls)]
-        assert all(p["description"] for p in schema["properties"][name]["properties"].values())
+PUBLISHED_SCHEMA = Path(__file__).parent / "fixtures" / "record.schema.json"
+
+
+def test_the_schema_is_the_published_one() -> None:
+    """The record layout readers rely on (the report, compare.py, other people's scripts) is
+    the committed file, not whatever the dataclasses say today: a change to a field fails here
+    until the file is regenerated (``python -m ptspeed schema > tests/fixtures/
+    record.schema.json``) and, where old records no longer read, SCHEMA_VERSION is raised."""
+    published = json.loads(PUBLISHED_SCHEMA.read_text(encoding="utf-8"))
+    assert json_schema() == published
+    assert published["properties"]["schema_version"]["type"] == "integer"
+
+
+def test_a_record_written_by_hand_reads_and_validates() -> None:
+    """A record as another tool would write it, spelled out here rather than derived from the
+    dataclasses: every part present, nothing extra."""
+    data = {
+        "cell": {
+            "model": "mlp", "variant": "eager", "knobs": "eager", "mode": "train",
+            "batch_size": 4, "image_size": 224, "seq_len": 128, "env": "host", "trial": 0,
+            "seed": 0, "warmup_steps": 3, "measured_steps": 10, "numerics_steps": 2,
+            "device": "cpu", "threads": 0, "timeout_s": 1800.0, "fault": "",
+            "compiler_cache": "", "compiler_cache_cold": False, "retried_from_batch_size": None,
+        },
+        "status": "failed", "reason": "RuntimeError: boom", "detail": "",
+        "metrics": {
+            "throughput_samples_per_s": None, "measured_wall_s": None, "step_time_p50_s": None,
+            "step_time_p90_s": None, "step_time_mean_s": None, "step_times_s": [],
+            "first_step_s": None, "warmup_s": None, "warmup_steps_run": None,
+            "one_off_steps": None, "compiler_cache": "", "peak_memory_bytes": None,
+            "memory_kind": "", "loss_first": None, "loss_last": None, "non_finite_loss": "",
+            "flops_per_sample": None, "achieved_flops_per_s": None, "world_size": 1,
+            "batch_size_per_process": None, "distributed_backend": "", "fsdp_wrap_policy": "",
+            "rank_measured_wall_s": [],
+        },
+        "numerics": {
+            "checked": False, "reason": "", "compared": "", "precision": "", "reference": "",
+            "tolerance": None, "check_steps": 0, "first_check_step": None, "worst_quantity": "",
+            "errors": {}, "allowed_errors": {}, "eager_error": None, "eager_spread_error": None,
+            "allowed_error": None, "max_relative_error": None, "variant_values": [],
+            "reference_values": [], "fp64_values": [], "passed": None,
+        },
+        "provenance": {
+            "torch": "", "cuda": "", "cudnn": "", "device_name": "", "device_index": None,
+            "cuda_visible_devices": "", "gpu_assignment": "", "gpu_driver": "",
+            "cpu_model": "", "cpu_count": 0, "torch_threads": 0, "python": "", "packages": {},
+            "nccl": "", "tf32_matmul": None, "tf32_cudnn": None, "cudnn_benchmark": None,
+            "float32_matmul_precision": "", "allocator_settings": {}, "gpu_state": "",
+            "git_commit": "", "git_dirty": None, "hostname": "", "container_image": "",
+            "container_digest": "", "platform": "", "os_release": "",
+        },
+        "started_at": "", "finished_at": "", "duration_s": None, "schema_version": 2,
+    }  # fmt: skip
+    Draft202012Validator(json_schema()).validate(data)
+    assert Record.from_dict(data).to_dict() == data
 
 
 @pytest.mark.parametrize("status", STATUSES)
@@ -174,3 +231,48 @@ def test_failed_rename_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.M
         write_atomic(target, "new\n")
     assert target.read_text(encoding="utf-8") == "old\n"
     assert files_in(tmp_path) == ["cell.json"]
+
+
+# --- the mode of written files, leftovers of killed writers, a full disk --------------------
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_files_honour_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    previous = os.umask(umask)
+    try:
+        write_record(full_record(), tmp_path / "cell.json")
+        write_atomic(tmp_path / "runs.csv", "a,b\n")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "cell.json").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "runs.csv").stat().st_mode) == mode
+
+
+def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())
+    left_by_dead = tmp_path / f".trial0.json.{host}.{dead.stdout.strip()}.abc123.tmp"
+    being_written = tmp_path / f".trial0.json.{host}.{os.getppid()}.def456.tmp"
+    other_host = tmp_path / f".trial0.json.elsewhere.{dead.stdout.strip()}.ghi789.tmp"
+    other_record = tmp_path / f".trial1.json.{host}.{dead.stdout.strip()}.jkl012.tmp"
+    for path in (left_by_dead, being_written, other_host, other_record):
+        path.write_text('{"cell": {"mod', encoding="utf-8")
+    write_record(full_record(), tmp_path / "trial0.json")
+    assert read_record(tmp_path / "trial0.json") == full_record()
+    assert not left_by_dead.exists()
+    # a writer still alive, another host's writer (its pid says nothing here), another target
+    assert being_written.exists() and other_host.exists() and other_record.exists()
+
+
+def test_a_full_disk_fails_the_write_in_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    with full_disk(tmp_path / "disk") as disk:
+        kept = disk / "trial0.json"
+        write_record(full_record(), kept)
+        before = kept.read_bytes()
+        fill(disk)
+        with pytest.raises(WriteFailed) as failed:
+            write_record(full_record(), disk / "trial1.json")
+        assert str(failed.value) == f"cannot write {disk / 'trial1.json'}: No space left on device"
+        assert files_in(disk) == ["filler", "trial0.json"]
+        assert kept.read_bytes() == before

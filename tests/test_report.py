@@ -8,19 +8,24 @@ import math
 import re
 import subprocess
 import sys
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
-from test_aggregate import (
+from helpers import (
+    ABSENT,
     CLAIMS,
     CONFIG,
     CORRUPT_NAME,
+    TABLE_NAMES,
     aggregate_cli,
+    expected_seed_tables,
+    fixture_paths,
+    html_cells,
     make_record,
-    write_fixture_records,
+    read_page,
+    render_tables,
 )
 
 from ptspeed import report
@@ -38,7 +43,6 @@ from ptspeed.late_numerics import LATE_TOLERANCES
 from ptspeed.numerics import TOLERANCES
 from ptspeed.report import (
     NOISY_HEADERS,
-    SEED_HEADERS,
     SUMMARY_HEADERS,
     format_compile_time,
     format_fraction_as_percent,
@@ -51,23 +55,11 @@ from ptspeed.report import (
     format_seconds,
     format_speedup,
     format_speedup_interval,
-    format_text,
-    format_verdict,
     markdown_cell,
-    render,
 )
 
 REPO = Path(__file__).resolve().parents[1]
-TABLE_NAMES = ("runs", "summary", "speedups", "steps")
-# A cell the matrix expects whose record never appeared (workflow layout: the cell is known).
-ABSENT = "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial1.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def fixture_paths(directory: Path) -> list[Path]:
-    """The aggregation fixture (failures, an unsupported cell, a corrupt file) plus a missing
-    record."""
-    return [*write_fixture_records(directory / "records"), directory / ABSENT]
 
 
 @pytest.fixture(scope="module")
@@ -76,19 +68,6 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pd.DataFrame]:
     tmp_path = tmp_path_factory.mktemp("aggregated")
     out_dir = aggregate_cli(tmp_path, fixture_paths(tmp_path))
     return {name: read_table(out_dir / f"{name}.csv") for name in TABLE_NAMES}
-
-
-def render_tables(tables: dict[str, pd.DataFrame], out_dir: Path, **kwargs: Any) -> list[Path]:
-    return render(
-        tables["runs"],
-        tables["summary"],
-        tables["speedups"],
-        kwargs.pop("config", CONFIG),
-        kwargs.pop("claims", CLAIMS),
-        out_dir,
-        steps=tables.get("steps"),
-        **kwargs,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -131,72 +110,7 @@ def section(text: str, title: str) -> str:
     return text[start : end if end >= 0 else len(text)]
 
 
-class PageReader(HTMLParser):
-    """The tables of each <section id=...> (rows of cell texts, header first) and the images."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tables: dict[str, list[list[list[str]]]] = {}
-        self.images: list[dict[str, str]] = []
-        self._section = ""
-        self._cell: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        attributes = {k: v or "" for k, v in attrs}
-        if tag == "section":
-            self._section = attributes.get("id", "")
-            self.tables.setdefault(self._section, [])
-        elif tag == "table":
-            self.tables[self._section].append([])
-        elif tag == "tr":
-            self.tables[self._section][-1].append([])
-        elif tag in ("td", "th"):
-            self._cell = []
-        elif tag == "img":
-            self.images.append({**attributes, "section": self._section})
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("td", "th") and self._cell is not None:
-            self.tables[self._section][-1][-1].append("".join(self._cell).strip())
-            self._cell = None
-
-    def handle_data(self, data: str) -> None:
-        if self._cell is not None:
-            self._cell.append(data)
-
-
-def read_page(html: str) -> PageReader:
-    reader = PageReader()
-    reader.feed(html)
-    return reader
-
-
 # --- what each table must hold, from the CSVs ----------------------------------------------------
-
-
-def expected_seed_tables(speedups: pd.DataFrame) -> list[list[list[str]]]:
-    tables = []
-    for name in dict.fromkeys(speedups["comparison"]):
-        rows = speedups[speedups["comparison"] == name].to_dict("records")
-        tables.append([SEED_HEADERS, *(expected_seed_row(row) for row in rows)])
-    return tables
-
-
-def expected_seed_row(row: dict[str, Any]) -> list[str]:
-    return [
-        format_text(row["model"]),
-        format_text(row["mode"]),
-        format_int(row["batch_size"]),
-        format_rate(row["baseline_samples_per_s"], row["baseline_trials"]),
-        format_rate(row["candidate_samples_per_s"], row["candidate_trials"]),
-        format_speedup_interval(
-            row["speedup"], row["speedup_low"], row["speedup_high"], row["speedup_confidence"]
-        ),
-        format_published(
-            row["published_speedup"], row["published_baseline"], row["published_candidate"]
-        ),
-        format_verdict(row["verdict"], row["verdict_reason"]),
-    ]
 
 
 def expected_median(row: dict[str, Any]) -> str:
@@ -253,11 +167,6 @@ def expected_noisy_table(summary: pd.DataFrame) -> list[list[str]]:
         for row in summary[summary["noisy"]].to_dict("records")
     ]
     return [NOISY_HEADERS, *rows]
-
-
-def html_cells(rows: list[list[str]]) -> list[list[str]]:
-    """A table as the HTML shows it: Markdown-only escaping undone."""
-    return [[" ".join(cell.split()) for cell in row] for row in rows]
 
 
 # --- the seed table ------------------------------------------------------------------------------
@@ -710,6 +619,7 @@ def copy_aggregated(source: Path, target: Path) -> None:
         (target / name).write_bytes((source / name).read_bytes())
 
 
+@pytest.mark.slow
 def test_render_cli_writes_both_files(tmp_path: Path, aggregated: Path) -> None:
     copy_aggregated(aggregated, tmp_path)
     result = run_render_script(tmp_path)
@@ -718,6 +628,7 @@ def test_render_cli_writes_both_files(tmp_path: Path, aggregated: Path) -> None:
     assert (tmp_path / "report" / "index.html").read_text().count("<img") == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "problem", ["missing csv", "empty csv", "wrong csv", "wrong steps", "bad templates"]
 )

@@ -16,9 +16,9 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from test_aggregate import aggregate_cli
-from test_report import (
+from helpers import (
     TABLE_NAMES,
+    aggregate_cli,
     expected_seed_tables,
     fixture_paths,
     html_cells,

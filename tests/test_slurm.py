@@ -19,11 +19,13 @@ from typing import Any
 
 import pytest
 import yaml
-from test_workflow import TINY_STEPS
-from test_workflow import snakemake as run_snakemake
+from helpers import TINY_STEPS
+from helpers import snakemake as run_snakemake
 
 from ptspeed.cluster import check_cluster, check_gpu_limit, cpus_per_cell, slurm_resources
 from ptspeed.matrix import ConfigError
+
+pytestmark = pytest.mark.workflow
 
 PLAN_TIMEOUT_S = 120
 SLURM_RUN_TIMEOUT_S = 600
@@ -211,6 +213,7 @@ def slurm_node() -> None:
 
 @needs_slurm
 @pytest.mark.slurm
+@pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
 @pytest.mark.slow
 def test_matrix_runs_cell_by_cell_as_slurm_jobs(tmp_path: Path, slurm_node: None) -> None:
     output, _, prefix = run_on_slurm(tmp_path, write_config(tmp_path))
@@ -237,6 +240,7 @@ def test_matrix_runs_cell_by_cell_as_slurm_jobs(tmp_path: Path, slurm_node: None
 
 @needs_slurm
 @pytest.mark.slurm
+@pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
 @pytest.mark.slow
 def test_cuda_cells_request_a_gpu_from_slurm(tmp_path: Path, slurm_node: None) -> None:
     config = write_config(tmp_path, device="cuda", trials=1)

@@ -11,24 +11,30 @@ import copy
 import math
 import os
 import re
-import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
-import yaml
+from helpers import (
+    PLAN_TIMEOUT_S,
+    ROOT,
+    TINY_STEPS,
+    job_counts,
+    ok,
+    planned_outputs,
+    snakemake,
+    tool,
+    write_config,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-PLAN_TIMEOUT_S = 300
+pytestmark = pytest.mark.workflow
+
 RUN_TIMEOUT_S = 1800
 CROSS_VERSION_TIMEOUT_S = 40 * 60
 
-TINY_STEPS = {"warmup": 1, "measured": 2, "numerics": 1}
 HOST_COMPILE = {
     "device": "cpu",
     "trials": 2,
@@ -48,70 +54,6 @@ HOST_COMPILE = {
 }
 
 
-def tool(name: str) -> str:
-    """A command-line tool of the interpreter running the tests (its venv's bin/)."""
-    beside = BIN / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    assert found, f"{name} is not installed (pip install -e '.[workflow,dev]')"
-    return found
-
-
-def snakemake(
-    *args: str,
-    timeout: float = PLAN_TIMEOUT_S,
-    cwd: Path = ROOT,
-    env: dict[str, str] | None = None,
-    cores: str | None = "2",
-) -> subprocess.CompletedProcess[str]:
-    """Run Snakemake (from the repository root, on 2 cores unless told otherwise); stdout and
-    stderr together. ``cores=None`` leaves the cores to a profile's executor."""
-    return subprocess.run(
-        [tool("snakemake"), *(("--cores", cores) if cores else ()), *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
-
-
-def write_config(directory: Path, config: dict[str, Any], name: str = "config.yaml") -> Path:
-    """Write ``config`` with its results directory under ``directory``; return the file."""
-    config = {"results": str(directory / "results"), **config}
-    path = directory / name
-    path.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False))
-    return path
-
-
-def job_counts(output: str) -> Counter[str]:
-    """The 'Job stats' table Snakemake prints before running (or dry-running) jobs."""
-    assert "Job stats:" in output, output[-3000:]
-    table = output.split("Job stats:", 1)[1].split("\n\n", 1)[0]
-    rows = re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)
-    return Counter({rule: int(count) for rule, count in rows if rule != "total"})
-
-
-def planned_outputs(output: str) -> dict[str, list[str]]:
-    """Each planned rule's output files, from the job blocks of a dry run."""
-    planned: dict[str, list[str]] = {}
-    rule = None
-    for line in output.splitlines():
-        header = re.fullmatch(r"(?:local)?rule (\w+):", line.strip())
-        if header:
-            rule = header[1]
-            planned.setdefault(rule, [])
-        elif rule and line.strip().startswith("output: "):
-            planned[rule].extend(line.strip().removeprefix("output: ").split(", "))
-    return planned
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, result.stdout[-6000:]
-    return result.stdout
-
-
 # --- 1, 2: a tiny matrix on the host environment, end to end --------------------------------
 
 
@@ -125,6 +67,7 @@ def host_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
     _, results = host_run
     runs = pd.read_csv(results / "tables/runs.csv")
@@ -136,7 +79,8 @@ def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
     ]
     assert set(runs.model) == {"mlp"}
     assert (runs.loc[runs.variant == "eager", "status"] == "ok").all(), runs.reason.tolist()
-    assert set(runs.loc[runs.variant == "compile", "status"]) <= {"ok", "unsupported"}
+    # The host's torch (>= 2.0, Python 3.11) compiles on the CPU: unsupported would be a bug.
+    assert (runs.loc[runs.variant == "compile", "status"] == "ok").all(), runs.reason.tolist()
 
     summary = pd.read_csv(results / "tables/summary.csv")
     assert len(summary) == 2
@@ -146,9 +90,8 @@ def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
     assert len(speedups) == 1
     row = speedups.iloc[0]
     assert (row.comparison, row.model) == ("compile-alone", "mlp")
-    if (runs.status == "ok").all():
-        assert math.isfinite(row.speedup) and row.speedup > 0
-        assert row.speedup == pytest.approx(median["compile"] / median["eager"], rel=1e-9)
+    assert math.isfinite(row.speedup) and row.speedup > 0
+    assert row.speedup == pytest.approx(median["compile"] / median["eager"], rel=1e-9)
 
     report = (results / "report/report.md").read_text()
     assert (results / "report/index.html").stat().st_size > 0
@@ -157,6 +100,7 @@ def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_second_run_does_nothing(host_run: tuple[Path, Path]) -> None:
     config, _ = host_run
     output = ok(snakemake("-n", "--configfile", str(config)))
@@ -168,6 +112,7 @@ def test_second_run_does_nothing(host_run: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_changed_model_size_reruns_only_its_cells(tmp_path: Path) -> None:
     config = {
         "device": "cpu",
@@ -304,6 +249,7 @@ def test_snakefmt_is_clean() -> None:
     os.environ.get("PTSPEED_CROSS_VERSION") != "1",
     reason="set PTSPEED_CROSS_VERSION=1 to build/use the torch 1.13 and 2.0 venvs",
 )
+@pytest.mark.timeout(CROSS_VERSION_TIMEOUT_S + 300)
 def test_cross_version_upgrade(tmp_path: Path) -> None:
     config = {
         "device": "cpu",

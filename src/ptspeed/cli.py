@@ -2,7 +2,9 @@
 
 ``cell`` runs one benchmark cell in a worker process under a watchdog and writes exactly one
 JSON record to ``--out``. Bad input is refused before anything runs: one line naming the
-field and the accepted values on stderr, exit status 2, nothing written. With ``--oom-retry``
+field and the accepted values on stderr, exit status 2, nothing written. A record that cannot
+be written (a full disk) is one ``error:`` line naming the file and the reason, exit status 1,
+and no part of it on disk. With ``--oom-retry``
 a cell that runs out of memory runs once more at half its batch size, within what is left of
 its time limit; the record written is the retry's, saying so (``cell.retried_from_batch_size``,
 and the first attempt's reason in ``detail``). Model hubs are switched off for the worker:
@@ -27,9 +29,10 @@ from ptspeed.gpus import GpuRequestError, gpu_environment
 from ptspeed.knobs import BadInput, parse_knobs
 from ptspeed.models import REGISTRY
 from ptspeed.provenance import collect_base
-from ptspeed.record import CellSpec, Record, json_schema, utc_now, write_record
+from ptspeed.record import CellSpec, Record, WriteFailed, json_schema, utc_now, write_record
 from ptspeed.validate import DEVICES, FAULTS, MODES, check_cell
 
+EXIT_NOT_WRITTEN = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 # Set for the worker whatever the caller's environment says: models are built from configs
@@ -114,6 +117,11 @@ def _cell_arguments(cell: argparse.ArgumentParser) -> None:
     cell.add_argument("--out", type=Path, required=True, help="where the JSON record goes")
 
 
+def parse_cell_options(options: list[str]) -> CellSpec:
+    """The spec that ``ptspeed cell OPTIONS --out …`` runs (a usage error exits with status 2)."""
+    return spec_from_args(_parser().parse_args(["cell", *options, "--out", os.devnull]))
+
+
 def spec_from_args(args: argparse.Namespace) -> CellSpec:
     return CellSpec(
         model=args.model,
@@ -155,6 +163,9 @@ def _cell(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
+    except WriteFailed as exc:
+        print(f"error: no record written: {exc}", file=sys.stderr)
+        return EXIT_NOT_WRITTEN
     cell = record.cell
     line = f"{cell.model} {cell.variant} {cell.mode} batch {cell.batch_size}"
     if cell.retried_from_batch_size:

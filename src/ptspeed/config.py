@@ -10,7 +10,9 @@ Snakemake's ``config``. It checks, in this order, and stops at the first problem
    would also accept a trailing newline), and an integer is never a float or a boolean;
 4. the paths: ``results`` and ``env_cache`` stay inside the project or go to an absolute
    directory that is not the system's, requirement lock files exist under ``envs/``;
-5. the cross-references of :func:`ptspeed.matrix.check_config` (models, knobs, comparisons).
+5. the cross-references of :func:`ptspeed.matrix.check_config` (models, knobs, comparisons,
+   steps, and every cell against the cell command's own check) and each comparison's
+   ``claim`` against the groups of ``config/claims.yaml``.
 
 Every problem is a :class:`ConfigError` whose message is one line naming the key, e.g.
 ``models.mlp.cpu.batch_size: -1 is less than the minimum of 1``. Nothing here evaluates a config
@@ -39,6 +41,8 @@ __all__ = ["ConfigError", "prepare_config", "schema_errors"]
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
+# The published figures the report checks (rules aggregate and report read the same file).
+CLAIMS_FILE = Path("config") / "claims.yaml"
 YTE_SWITCH = "__use_yte__"
 
 MAX_DEPTH = 32
@@ -92,9 +96,27 @@ def prepare_config(
     device_class = detect_device_class(raw["device"])
     try:
         check_config(raw, device_class)
+        _check_claims(raw, project / CLAIMS_FILE)
     except ConfigError as exc:
         raise ConfigError(one_line(str(exc))) from None
     return device_class
+
+
+def _check_claims(config: Mapping[str, Any], claims_path: Path) -> None:
+    wanted = {name: c["claim"] for name, c in config["comparisons"].items() if c.get("claim")}
+    if not wanted:
+        return
+    try:
+        groups = yaml.safe_load(claims_path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"claims: {claims_path} cannot be read: {exc}") from None
+    known = list(groups) if isinstance(groups, Mapping) else []
+    for name, claim in wanted.items():
+        if claim not in known:
+            raise ConfigError(
+                f"comparisons.{name}.claim: {show_value(claim)} is not a claim group of "
+                f"{claims_path} (groups: {', '.join(map(str, known)) or 'none'})"
+            )
 
 
 # --- 1. template code -----------------------------------------------------------------------

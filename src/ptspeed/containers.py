@@ -124,6 +124,33 @@ class ImageManifest:
         return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
 
 
+def forget_pruned_image(manifest_path: Path, engine: str) -> str:
+    """Remove the manifest at ``manifest_path`` when ``engine`` no longer has its image (an
+    ``image prune`` or ``rmi`` since it was built), so that the workflow builds it again instead
+    of running cells in an image that is gone. Returns a one-line notice, '' when the manifest
+    is absent, unreadable, its image present, or the engine not installed here."""
+    if shutil.which(engine) is None:
+        return ""
+    try:
+        manifest = ImageManifest.read(manifest_path)
+    except (OSError, ValueError, TypeError):
+        return ""
+    try:
+        subprocess.run(
+            [engine, "image", "inspect", "--format", "{{.Id}}", manifest.id],
+            check=True, capture_output=True, timeout=ENGINE_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.CalledProcessError:
+        manifest_path.unlink(missing_ok=True)
+        return (
+            f"{manifest_path} names image {manifest.id} ({manifest.image}), which {engine} "
+            "no longer has (pruned?): building it again"
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return ""
+
+
 def container_settings(config: Mapping[str, object]) -> dict[str, Any]:
     """The config's ``containers`` section with its defaults."""
     given = config.get("containers") or {}

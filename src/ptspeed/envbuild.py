@@ -1,10 +1,18 @@
 """Build the virtualenv of a PyTorch environment from its hash-locked requirements.
 
 The venv of environment NAME lives in ``<dest_root>/<NAME>-<lock hash>/`` and is reused for as
-long as its marker file (written last) says that it was built completely from the same lock.
+long as its marker file (written last) says that it was built completely from the same lock and
+its first module (torch) still imports at the marked version; a venv that no longer does (a
+deleted or damaged file) is rebuilt. The installer is uv where it is found (``uv venv`` and
+``uv pip sync --require-hashes``: one wheel cache for every venv, hard-linked into each, so a
+wheel is downloaded once), else pip. One build per lock at a time: a second run that wants the
+same venv waits on a lock file and then reuses what the first built; the staging directory of a
+build that was killed is removed by the next build of that lock.
 Standard library only: this runs in the orchestrating interpreter, which has no torch.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -12,11 +20,16 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ptspeed.record import process_exists
+
 MARKER_NAME = "ptspeed-env.json"
+INSTALLERS = ("uv", "pip")
+STAGING_PREFIX = ".tmp-"
 DEFAULT_VERIFY_IMPORTS: tuple[str, ...] = ("torch", "torchvision", "transformers")
 
 _VERSION_PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
@@ -29,6 +42,12 @@ print(json.dumps(found))
 """
 # Each would make pip or the import check look outside the venv being built.
 _LEAKY_ENV_VARS = ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "PIP_TARGET", "PIP_PREFIX")
+# pip's settings of where wheels lie that uv has an equivalent for (uv reads no pip.conf).
+_PIP_TO_UV = {
+    "PIP_FIND_LINKS": "UV_FIND_LINKS",
+    "PIP_INDEX_URL": "UV_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL": "UV_EXTRA_INDEX_URL",
+}
 _PIN_LINE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)")
 
 
@@ -86,13 +105,15 @@ def build_venv(
     *,
     python: str | os.PathLike[str] | None = None,
     verify_imports: Sequence[str] = DEFAULT_VERIFY_IMPORTS,
+    installer: str | None = None,
 ) -> Path:
     """Build (or reuse) the venv of environment ``name`` and return its directory.
 
     The venv is built in a temporary directory beside its final place and renamed into place
-    once pip has installed the lock, the imports in ``verify_imports`` work, the first of them
-    has the version that the lock pins, and the marker is written. ``python`` overrides the
-    interpreter that ``find_python(python_version)`` would choose.
+    once the lock is installed, the imports in ``verify_imports`` work, the first of them has
+    the version that the lock pins, and the marker is written. ``python`` overrides the
+    interpreter that ``find_python(python_version)`` would choose; ``installer`` ('uv' or
+    'pip') the one :func:`default_installer` would.
     """
     requirements = Path(requirements).absolute()
     if not requirements.is_file():
@@ -100,28 +121,100 @@ def build_venv(
     _check_version_format(python_version)
     if not verify_imports:
         raise EnvBuildError("verify_imports must name at least one module")
+    tool = installer or default_installer()
+    if tool not in INSTALLERS:
+        raise EnvBuildError(f"installer: {tool!r} is not one of {', '.join(INSTALLERS)}")
     digest = lock_hash(requirements)
     final = Path(dest_root).absolute() / f"{name}-{digest}"
-    if _is_complete(final, name, digest, python_version):
+    if _is_usable(final, name, digest, python_version, verify_imports[0]):
         _say(f"reusing environment {name}: {final}")
         return final
-
-    interpreter = Path(python) if python else find_python(python_version, env_name=name)
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    _remove(staging)
-    try:
-        _say(f"building environment {name} (Python {python_version}, {requirements}): {final}")
-        create = [str(interpreter), "-m", "venv", "--prompt", final.name, str(staging)]
-        _run_step(create, f"creating the venv of {name}")
-        _pip_install(staging, requirements, name)
-        found = _import_versions(staging, verify_imports, name)
-        _check_versions(found, requirements, python_version, verify_imports[0], name)
-        _retarget_paths(staging, final)
-        _write_marker(staging, name, found, digest, requirements)
-        return _move_into_place(staging, final, name, digest, python_version)
-    finally:
-        _remove(staging)
+    with _build_lock(final, name):
+        if _is_usable(final, name, digest, python_version, verify_imports[0]):
+            _say(f"reusing environment {name}, built by another run meanwhile: {final}")
+            return final
+        _remove_staging_leftovers(final)
+        # A complete venv that no longer imports was damaged after its build; with uv its files
+        # are hard links into uv's cache, which an in-place write damages too: bypass it.
+        bypass_cache = _is_complete(final, name, digest, python_version)
+        interpreter = Path(python) if python else find_python(python_version, env_name=name)
+        staging = final.parent / f"{STAGING_PREFIX}{final.name}-{os.getpid()}"
+        try:
+            _say(f"building environment {name} with {tool} (Python {python_version}): {final}")
+            Installation(tool, interpreter, requirements, bypass_cache).run(staging, final, name)
+            found = _import_versions(staging, verify_imports, name)
+            _check_versions(found, requirements, python_version, verify_imports[0], name)
+            _retarget_paths(staging, final)
+            _write_marker(staging, name, found, digest, requirements, tool)
+            return _move_into_place(staging, final, name, python_version)
+        finally:
+            _remove(staging)
+
+
+def default_installer() -> str:
+    """``$PTSPEED_ENV_INSTALLER`` when set, else uv where it is found, else pip."""
+    return os.environ.get("PTSPEED_ENV_INSTALLER") or ("uv" if find_uv() else "pip")
+
+
+@dataclass(frozen=True)
+class Installation:
+    """How a venv is made: the installer (uv or pip), the base interpreter, the lock, and
+    whether uv's cache is bypassed (after a damaged venv, whose hard-linked files it shares)."""
+
+    tool: str
+    interpreter: Path
+    requirements: Path
+    bypass_cache: bool = False
+
+    def run(self, staging: Path, final: Path, name: str) -> None:
+        """Make the venv in ``staging`` (its prompt the name of ``final``), install the lock."""
+        create, install = (
+            self._uv_commands(staging) if self.tool == "uv" else self._pip_commands(staging)
+        )
+        _run_step([*create, "--prompt", final.name, str(staging)], f"creating the venv of {name}")
+        _run_step(install, f"installing the lock of {name}")
+
+    def _uv_commands(self, staging: Path) -> tuple[list[str], list[str]]:
+        uv = find_uv()
+        if uv is None:
+            raise EnvBuildError("installer uv: uv is not installed (pip install uv)")
+        create = [uv, "venv", "--no-config", "--python", str(self.interpreter)]
+        install = [uv, "pip", "sync", "--no-config", "--require-hashes"]
+        if self.bypass_cache:
+            _say("installing without uv's cache, which may hold the damaged files too")
+            install.append("--no-cache")
+        return create, [*install, "--python", str(venv_python(staging)), str(self.requirements)]
+
+    def _pip_commands(self, staging: Path) -> tuple[list[str], list[str]]:
+        create = [str(self.interpreter), "-m", "venv"]
+        install = [str(venv_python(staging)), "-m", "pip", "install", "--require-hashes"]
+        return create, [*install, "--no-deps", "-r", str(self.requirements)]
+
+
+@contextlib.contextmanager
+def _build_lock(final: Path, name: str) -> Iterator[None]:
+    """Hold the build lock of ``final`` (a lock file beside it): one build of a lock at a time.
+    The kernel drops the lock however its holder ends."""
+    lock_path = final.parent / f".{final.name}.lock"
+    with open(lock_path, "a+", encoding="utf-8") as lock_file:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"waiting for another run building environment {name} ({lock_path})")
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
+
+
+def _remove_staging_leftovers(final: Path) -> None:
+    """Remove staging directories of earlier builds of ``final`` whose process is gone (a build
+    killed mid-way leaves its several-GB directory). Called with the build lock held."""
+    for leftover in final.parent.glob(f"{STAGING_PREFIX}{final.name}-*"):
+        builder = leftover.name.rsplit("-", 1)[1]
+        if builder.isdigit() and process_exists(int(builder)):
+            continue  # a build without the lock (an older ptspeed) still at work
+        _say(f"removing {leftover}, left by an interrupted build")
+        _remove(leftover)
 
 
 def venv_python(venv: str | os.PathLike[str]) -> Path:
@@ -206,7 +299,20 @@ def _quiet_run(command: list[str]) -> str | None:
 def _child_env() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in _LEAKY_ENV_VARS}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["UV_PYTHON_DOWNLOADS"] = "never"  # the interpreter is the one find_python chose
+    env.update(uv_settings_from_pip(env))
     return env
+
+
+def uv_settings_from_pip(env: Mapping[str, str]) -> dict[str, str]:
+    """uv's equivalents of pip's wheel locations set in ``env`` (PIP_FIND_LINKS, …) that are
+    not set for uv already: local wheels pip would take, uv takes too instead of downloading.
+    pip separates several locations with spaces, uv with commas."""
+    return {
+        uv_name: ",".join(env[pip_name].split())
+        for pip_name, uv_name in _PIP_TO_UV.items()
+        if env.get(pip_name, "").strip() and uv_name not in env
+    }
 
 
 def _run_step(command: list[str], what: str, capture_stdout: bool = False) -> str:
@@ -226,11 +332,6 @@ def _run_step(command: list[str], what: str, capture_stdout: bool = False) -> st
     if done.returncode != 0:
         raise EnvBuildError(f"{what} failed (exit {done.returncode}); its output is above")
     return done.stdout or ""
-
-
-def _pip_install(venv: Path, requirements: Path, name: str) -> None:
-    command = [str(venv_python(venv)), "-m", "pip", "install", "--require-hashes", "--no-deps"]
-    _run_step([*command, "-r", str(requirements)], f"installing the lock of {name}")
 
 
 def _import_versions(venv: Path, modules: Sequence[str], name: str) -> dict[str, str | None]:
@@ -274,7 +375,12 @@ def _retarget_paths(staging: Path, final: Path) -> None:
 
 
 def _write_marker(
-    venv: Path, name: str, found: dict[str, str | None], digest: str, requirements: Path
+    venv: Path,
+    name: str,
+    found: dict[str, str | None],
+    digest: str,
+    requirements: Path,
+    installer: str,
 ) -> None:
     modules = {module: version for module, version in found.items() if module != "python"}
     marker = {
@@ -284,6 +390,7 @@ def _write_marker(
         "modules": modules,
         "lock_hash": digest,
         "requirements": str(requirements),
+        "installer": installer,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     (venv / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
@@ -303,19 +410,33 @@ def _is_complete(venv: Path, name: str, digest: str, python_version: str) -> boo
     )
 
 
-def _move_into_place(
-    staging: Path, final: Path, name: str, digest: str, python_version: str
-) -> Path:
+def _is_usable(venv: Path, name: str, digest: str, python_version: str, module: str) -> bool:
+    """Complete (:func:`_is_complete`) and ``module`` still imports at the marked version: a
+    venv whose files were damaged after it was built is not trusted."""
+    if not _is_complete(venv, name, digest, python_version):
+        return False
+    marked = json.loads((venv / MARKER_NAME).read_text()).get("modules", {}).get(module)
+    probe = [str(venv_python(venv)), "-c", _IMPORT_PROBE, module]
+    answer = _quiet_run(probe)
+    try:
+        imported = json.loads(answer.splitlines()[-1]).get(module) if answer else None
+    except ValueError:
+        imported = None
+    if answer is None or imported != marked:
+        _say(f"the cached environment {name} is broken ({module} does not import as built): {venv}")
+        return False
+    return True
+
+
+def _move_into_place(staging: Path, final: Path, name: str, python_version: str) -> Path:
+    """Replace ``final`` (incomplete, outdated or damaged: the build lock is held, so no other
+    build is writing it) by ``staging``."""
     if final.exists() or final.is_symlink():
-        if _is_complete(final, name, digest, python_version):
-            return final  # another build of the same lock finished first
-        _say(f"removing the incomplete or outdated {final}")
+        _say(f"removing the incomplete, outdated or damaged {final}")
         _remove(final)
     try:
         staging.rename(final)
     except OSError as error:
-        if _is_complete(final, name, digest, python_version):
-            return final
         raise EnvBuildError(f"cannot move {staging} to {final}: {error}") from error
     if not _reports_version(venv_python(final), python_version):
         _remove(final)

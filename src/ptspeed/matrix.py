@@ -15,6 +15,8 @@ from typing import Any
 
 from ptspeed.knobs import BadInput, parse_knobs
 from ptspeed.models import REGISTRY, Sizes, check_sizes
+from ptspeed.record import CellSpec
+from ptspeed.validate import check_cell
 
 DEVICE_CLASSES = ("cpu", "cuda")
 MINUTES_OF_SLACK = 5
@@ -34,12 +36,14 @@ class Cell:
     trial: int
 
     @property
+    def key(self) -> str:
+        """The cell without its trial: ``env/model/variant/mode/size``."""
+        return f"{self.env}/{self.model}/{self.variant}/{self.mode}/{self.size}"
+
+    @property
     def path(self) -> str:
         """The record's path under the results directory."""
-        return (
-            f"records/{self.env}/{self.model}/{self.variant}/{self.mode}/{self.size}/"
-            f"trial{self.trial}.json"
-        )
+        return f"records/{self.key}/trial{self.trial}.json"
 
 
 def size_label(model: str, sizes: Sizes) -> str:
@@ -95,6 +99,79 @@ def check_config(config: Mapping[str, Any], device_class: str) -> None:
         if comparison["baseline"] == comparison["candidate"]:
             raise ConfigError(f"comparisons.{name}: baseline and candidate are the same")
     _check_environments(environments)
+    _check_every_cell_runs(config, device_class)
+
+
+def _check_every_cell_runs(config: Mapping[str, Any], device_class: str) -> None:
+    """Every cell passes the cell command's own input check, so that no accepted config ends
+    in cells that exit with a usage error and write no record."""
+    last_trial = config["trials"] - 1
+    for cell in cells(config, device_class):
+        if cell.trial != last_trial:
+            continue
+        try:
+            check_cell(cell_spec(config, cell, device_class))
+        except BadInput as exc:
+            raise ConfigError(
+                f"variants.{cell.variant} on models.{cell.model} ({cell.mode}, environment "
+                f"{cell.env}): the cell command would refuse it: {exc}"
+            ) from None
+
+
+def cell_spec(
+    config: Mapping[str, Any], cell: Cell, device_class: str, threads: int = 0
+) -> CellSpec:
+    """What the cell command of ``cell`` is asked to run (``threads``: its CPU threads)."""
+    sizes = model_sizes(config, cell.model, device_class)
+    steps = config["steps"]
+    compiles = parse_knobs(config["variants"][cell.variant]).compile_mode is not None
+    return CellSpec(
+        model=cell.model,
+        variant=cell.variant,
+        knobs=config["variants"][cell.variant],
+        mode=cell.mode,
+        batch_size=sizes.batch_size,
+        image_size=sizes.image_size,
+        seq_len=sizes.seq_len,
+        env=cell.env,
+        trial=cell.trial,
+        warmup_steps=steps["warmup"],
+        measured_steps=steps["measured"],
+        numerics_steps=steps["numerics"],
+        device=device_class,
+        threads=threads,
+        timeout_s=config["timeout_s"],
+        # A compiled cell's trials share its compiler cache: trial 0 compiles cold, the later
+        # trials (which wait for it, rule cell) warm.
+        compiler_cache=f"{config['results']}/cache/compiler/{cell.key}" if compiles else "",
+        compiler_cache_cold=compiles and cell.trial == 0,
+    )
+
+
+def cell_options(spec: CellSpec, oom_retry: bool) -> list[str]:
+    """The options of ``python -m ptspeed cell`` (ptspeed.cli) that run ``spec``."""
+    options = {
+        "--env": spec.env,
+        "--model": spec.model,
+        "--variant": spec.variant,
+        "--knobs": spec.knobs,
+        "--mode": spec.mode,
+        "--batch-size": spec.batch_size,
+        "--image-size": spec.image_size,
+        "--seq-len": spec.seq_len,
+        "--trial": spec.trial,
+        "--warmup": spec.warmup_steps,
+        "--steps": spec.measured_steps,
+        "--numerics-steps": spec.numerics_steps,
+        "--device": spec.device,
+        "--threads": spec.threads,
+        "--timeout": spec.timeout_s,
+    }
+    if spec.compiler_cache:
+        options["--compiler-cache"] = spec.compiler_cache
+    flat = [str(part) for option in options.items() for part in option]
+    switches = {"--oom-retry": oom_retry, "--cold-compiler-cache": spec.compiler_cache_cold}
+    return flat + [switch for switch, wanted in switches.items() if wanted]
 
 
 def _check_environments(environments: Mapping[str, Any]) -> None:

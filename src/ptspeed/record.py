@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import json
 import os
+import re
+import socket
 import tempfile
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +23,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-SCHEMA_VERSION = 1
+# 2: the numerics check's snapshot comparison (loss, gradients, update; eager_error and
+# eager_spread_error replace eager_fp32_error and eager_reseeded_error), warm-up and compiler
+# cache metrics, the settings in force in provenance.
+SCHEMA_VERSION = 2
 
 STATUSES = ("ok", "unsupported", "failed", "oom", "timeout", "numerics_mismatch")
 
@@ -328,20 +334,87 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+class WriteFailed(OSError):
+    """A file could not be written whole (a full disk, a read-only directory, a quota); no part
+    of it was left behind. The message names the file and the system's reason."""
+
+
+# The temporary file of an atomic write: a dot-file beside its target, named after the target,
+# the host and the writing process, so that a leftover of a writer that died can be told apart
+# from the file of one still writing.
+TEMPORARY_SUFFIX = ".tmp"
+FILE_MODE = 0o666  # what open() asks for; the umask takes its bits away
+
+
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
+
+    The file gets the mode any new file would (0666 less the umask), not mkstemp's 0600, so that
+    colleagues sharing a project directory and a web server can read results. Leftover
+    temporaries of this target whose writer has died (a killed cell) are removed first. Raises
+    :class:`WriteFailed` (an OSError) when the file cannot be written, leaving nothing.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    remove_dead_temporaries(target)
     try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f"{_temporary_prefix(target)}{os.getpid()}.",
+            suffix=TEMPORARY_SUFFIX,
+            dir=target.parent,
+        )
+    except OSError as error:
+        raise WriteFailed(f"cannot write {target}: {error.strerror or error}") from error
+    try:
+        os.fchmod(fd, FILE_MODE & ~_current_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise WriteFailed(f"cannot write {target}: {error.strerror or error}") from error
         raise
+
+
+def remove_dead_temporaries(target: Path) -> list[Path]:
+    """Remove the temporaries of atomic writes of ``target`` left by processes of this host
+    that are gone (a writer killed mid-write); return what was removed."""
+    removed = []
+    prefix = _temporary_prefix(target)
+    for leftover in target.parent.glob(f"{glob.escape(prefix)}*{TEMPORARY_SUFFIX}"):
+        writer = leftover.name[len(prefix) :].split(".", 1)[0]
+        if writer.isdigit() and not process_exists(int(writer)):
+            leftover.unlink(missing_ok=True)
+            removed.append(leftover)
+    return removed
+
+
+def _temporary_prefix(target: Path) -> str:
+    return f".{target.name}.{_host_label()}."
+
+
+def _host_label() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
+
+def process_exists(pid: int) -> bool:
+    """Whether a process of this id runs on this host (another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_record(record: Record, path: str | os.PathLike[str]) -> None:

@@ -28,14 +28,17 @@ from ptspeed.containers import (
     engine_for_images,
     engine_usable,
     runs_in_image,
+    forget_pruned_image,
 )
 from ptspeed.envbuild import lock_hash
 from ptspeed.gpus import check_variant_gpus
 from ptspeed.knobs import parse_knobs
 from ptspeed.matrix import (
+    Cell,
     ConfigError,
+    cell_options,
+    cell_spec,
     cells,
-    model_sizes,
     runtime_minutes,
 )
 from ptspeed.provenance import GIT_COMMIT_VARIABLE, git_state
@@ -155,8 +158,20 @@ def container_engine(env):
 
 
 def image_manifest(env):
-    """The manifest of the environment's image, which its cells run."""
-    return f"{RESULTS}/images/{env}.json"
+    """The manifest of the environment's image, which its cells run (removed first when the
+    engine no longer has that image, so that rule image builds it again)."""
+    manifest = f"{RESULTS}/images/{env}.json"
+    engine = container_engine(env)
+    if engine:
+        forget_pruned_image_once(manifest, engine)
+    return manifest
+
+
+@functools.cache
+def forget_pruned_image_once(manifest, engine):
+    notice = forget_pruned_image(Path(manifest), engine)
+    if notice:
+        print(f"ptspeed: {notice}", file=sys.stderr)
 
 
 def sif_path(env):
@@ -247,56 +262,21 @@ def container_launcher(env, engine):
 
 
 def cell_arguments(wildcards, threads):
-    sizes = model_sizes(config, wildcards.model, DEVICE_CLASS)
-    arguments = [
-        "--env",
+    cell = Cell(
         wildcards.env,
-        "--model",
         wildcards.model,
-        "--variant",
         wildcards.variant,
-        "--knobs",
-        config["variants"][wildcards.variant],
-        "--mode",
         wildcards.mode,
-        "--batch-size",
-        sizes.batch_size,
-        "--image-size",
-        sizes.image_size,
-        "--seq-len",
-        sizes.seq_len,
-        "--trial",
-        wildcards.trial,
-        "--warmup",
-        config["steps"]["warmup"],
-        "--steps",
-        config["steps"]["measured"],
-        "--numerics-steps",
-        config["steps"]["numerics"],
-        "--device",
-        DEVICE_CLASS,
-        "--threads",
-        threads if DEVICE_CLASS == "cpu" else 0,
-        "--timeout",
-        config["timeout_s"],
-        *(["--oom-retry"] if config["oom_retry"] else []),
-        *compiler_cache_arguments(wildcards),
-    ]
-    return " ".join(shlex.quote(str(a)) for a in arguments)
+        wildcards.size,
+        int(wildcards.trial),
+    )
+    cell_threads = threads if DEVICE_CLASS == "cpu" else 0
+    spec = cell_spec(config, cell, DEVICE_CLASS, cell_threads)
+    return " ".join(shlex.quote(a) for a in cell_options(spec, config["oom_retry"]))
 
 
 def compiles(wildcards):
     return parse_knobs(config["variants"][wildcards.variant]).compile_mode is not None
-
-
-def compiler_cache_arguments(wildcards):
-    """A compiled cell's own compiler cache, shared by its trials: trial 0 empties it and
-    compiles cold, the later trials (which wait for it) compile warm."""
-    if not compiles(wildcards):
-        return []
-    cell = "/".join(wildcards[key] for key in ("env", "model", "variant", "mode", "size"))
-    cold = ["--cold-compiler-cache"] if int(wildcards.trial) == 0 else []
-    return ["--compiler-cache", f"{RESULTS}/cache/compiler/{cell}", *cold]
 
 
 def first_trial_record(wildcards):

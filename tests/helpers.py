@@ -1,0 +1,486 @@
+"""Helpers shared by the test modules: the paths of the checkout, runners of Snakemake, of the
+``ptspeed`` command and of scripts/aggregate.py, and a fixture set of records.
+
+Test modules import from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+
+from ptspeed.record import (
+    CellSpec,
+    Metrics,
+    NumericsCheck,
+    Provenance,
+    Record,
+    json_schema,
+    write_record,
+)
+from ptspeed.report import (
+    SEED_HEADERS,
+    format_int,
+    format_published,
+    format_rate,
+    format_speedup_interval,
+    format_text,
+    format_verdict,
+    render,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+# make test-fast sets it to "fast" (see tests/conftest.py).
+TIER_VARIABLE = "PTSPEED_TEST_TIER"
+
+
+def fast_tier() -> bool:
+    return os.environ.get(TIER_VARIABLE) == "fast"
+
+
+def examples(full: int) -> int:
+    """Hypothesis examples of a property: ``full`` in make test, an eighth (at least 10) in
+    the fast tier, whose loop must stay near a minute."""
+    return max(10, full // 8) if fast_tier() else full
+
+
+BIN = Path(sys.executable).parent
+PLAN_TIMEOUT_S = 300
+
+TINY_STEPS = {"warmup": 1, "measured": 2, "numerics": 1}
+
+# --- Snakemake ---
+
+
+def tool(name: str) -> str:
+    """A command-line tool of the interpreter running the tests (its venv's bin/)."""
+    beside = BIN / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    assert found, f"{name} is not installed (pip install -e '.[workflow,dev]')"
+    return found
+
+
+def snakemake(
+    *args: str,
+    timeout: float = PLAN_TIMEOUT_S,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    cores: str | None = "2",
+) -> subprocess.CompletedProcess[str]:
+    """Run Snakemake (from the repository root, on 2 cores unless told otherwise); stdout and
+    stderr together. ``cores=None`` leaves the cores to a profile's executor."""
+    return subprocess.run(
+        [tool("snakemake"), *(("--cores", cores) if cores else ()), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
+
+
+def write_config(directory: Path, config: dict[str, Any], name: str = "config.yaml") -> Path:
+    """Write ``config`` with its results directory under ``directory``; return the file."""
+    config = {"results": str(directory / "results"), **config}
+    path = directory / name
+    path.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False))
+    return path
+
+
+def job_counts(output: str) -> Counter[str]:
+    """The 'Job stats' table Snakemake prints before running (or dry-running) jobs."""
+    assert "Job stats:" in output, output[-3000:]
+    table = output.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)
+    return Counter({rule: int(count) for rule, count in rows if rule != "total"})
+
+
+def planned_outputs(output: str) -> dict[str, list[str]]:
+    """Each planned rule's output files, from the job blocks of a dry run."""
+    planned: dict[str, list[str]] = {}
+    rule = None
+    for line in output.splitlines():
+        header = re.fullmatch(r"(?:local)?rule (\w+):", line.strip())
+        if header:
+            rule = header[1]
+            planned.setdefault(rule, [])
+        elif rule and line.strip().startswith("output: "):
+            planned[rule].extend(line.strip().removeprefix("output: ").split(", "))
+    return planned
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout[-6000:]
+    return result.stdout
+
+
+# --- the ptspeed command ---
+
+TINY_CELL = [
+    "--model", "mlp", "--batch-size", "2", "--warmup", "1", "--steps", "2",
+    "--numerics-steps", "1", "--device", "cpu",
+]  # fmt: skip
+
+
+def ptspeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ptspeed ARGS`` as a user would, with this checkout's sources."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "ptspeed", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def read_valid_record(path: Path) -> Record:
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    Draft202012Validator(json_schema()).validate(data)
+    return Record.from_dict(data)
+
+
+def files_in(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+# --- records and the aggregation script ---
+
+CONFIG: dict[str, Any] = {
+    "device": "cpu",
+    "environments": {"torch-1.13": {"kind": "venv"}, "torch-2.0": {"kind": "venv"}},
+    "models": {
+        "resnet50": {
+            "cuda": {"batch_size": 64, "image_size": 224},
+            "cpu": {"batch_size": 8, "image_size": 96},
+        },
+        "bert-base": {"cpu": {"batch_size": 4, "seq_len": 64}},
+        "gpt2": {"cpu": {"batch_size": 2, "seq_len": 64}},
+    },
+    "variants": {"eager": "eager", "compile": "compile"},
+    "modes": ["train"],
+    "comparisons": {
+        "upgrade-and-compile": {
+            "title": "1.13 eager → 2.0 compile",
+            "baseline": {"env": "torch-1.13", "variant": "eager"},
+            "candidate": {"env": "torch-2.0", "variant": "compile"},
+            "claim": "pytorch-2.0-upgrade",
+        },
+        "compile-alone": {
+            "title": "2.0 eager → 2.0 compile",
+            "baseline": {"env": "torch-2.0", "variant": "eager"},
+            "candidate": {"env": "torch-2.0", "variant": "compile"},
+        },
+    },
+}
+
+CLAIMS: dict[str, Any] = {
+    "pytorch-2.0-upgrade": {
+        "source": "Seed article 000",
+        "setup": "A100, batch 64",
+        "models": {
+            "resnet50": {"baseline": 125, "candidate": 185, "speedup": 1.48},
+            "gpt2": {"baseline": 35, "candidate": 52, "speedup": 1.49},
+        },
+    }
+}
+
+SIZES = {
+    "resnet50": {"batch_size": 8, "image_size": 96, "seq_len": 128},
+    "bert-base": {"batch_size": 4, "image_size": 224, "seq_len": 64},
+    "gpt2": {"batch_size": 2, "image_size": 224, "seq_len": 64},
+}
+TORCH = {"torch-1.13": ("1.13.1", "11.7"), "torch-2.0": ("2.0.1", "11.8")}
+
+
+def make_record(
+    env: str,
+    model: str,
+    variant: str,
+    trial: int,
+    status: str = "ok",
+    samples_per_s: float | None = None,
+    reason: str = "",
+    **sizes: int,
+) -> Record:
+    torch_version, cuda = TORCH[env]
+    cell = CellSpec(
+        model=model,
+        variant=variant,
+        knobs=variant,
+        mode="train",
+        env=env,
+        trial=trial,
+        **{**SIZES[model], **sizes},
+    )
+    metrics = Metrics(
+        throughput_samples_per_s=samples_per_s,
+        step_times_s=[0.1 + trial / 100, 0.2] if status == "ok" else [],
+        first_step_s=2.0 + trial if status == "ok" else None,
+        peak_memory_bytes=(100 + trial) * 1024 * 1024 if status == "ok" else None,
+        memory_kind="process_peak_rss",
+    )
+    numerics = NumericsCheck(checked=True, tolerance=1e-4, max_relative_error=1e-6, passed=True)
+    provenance = Provenance(
+        torch=torch_version,
+        cuda=cuda,
+        cudnn="8500",
+        device_name="Test CPU",
+        cpu_model="Test CPU",
+        torch_threads=4,
+        python="3.10.13",
+        packages={"torch": torch_version, "torchvision": "0.15.2", "numpy": "1.24.4"},
+        git_commit="1234567",
+        hostname="testhost",
+    )
+    return Record(
+        cell=cell,
+        status=status,
+        reason=reason,
+        metrics=metrics,
+        numerics=numerics,
+        provenance=provenance,
+    )
+
+
+# (env, model, variant, trial, status, samples/s, reason)
+FIXTURE_CELLS = [
+    ("torch-1.13", "resnet50", "eager", 0, "ok", 100.0, ""),
+    ("torch-1.13", "resnet50", "eager", 1, "ok", 120.0, ""),
+    ("torch-1.13", "resnet50", "eager", 2, "ok", 110.0, ""),
+    ("torch-2.0", "resnet50", "compile", 0, "ok", 150.0, ""),
+    ("torch-2.0", "resnet50", "compile", 1, "ok", 180.0, ""),
+    ("torch-2.0", "resnet50", "compile", 2, "failed", None, "RuntimeError: boom"),
+    ("torch-2.0", "resnet50", "eager", 0, "ok", 132.0, ""),
+    ("torch-2.0", "resnet50", "eager", 1, "ok", 132.0, ""),
+    ("torch-1.13", "bert-base", "eager", 0, "ok", 10.0, ""),
+    ("torch-1.13", "bert-base", "eager", 1, "ok", 12.0, ""),
+    ("torch-2.0", "bert-base", "compile", 0, "ok", 22.0, ""),
+    ("torch-1.13", "gpt2", "eager", 0, "ok", 40.0, ""),
+    ("torch-2.0", "gpt2", "compile", 0, "unsupported", None, "needs torch>=2.0 | fake"),
+]
+CORRUPT_NAME = "corrupt.json"
+
+
+def write_fixture_records(directory: Path) -> list[Path]:
+    """The fixture's record files, a corrupt one and one at a size the config does not ask for."""
+    paths = []
+    for env, model, variant, trial, status, rate, reason in FIXTURE_CELLS:
+        path = directory / f"{env}_{model}_{variant}_{trial}.json"
+        write_record(make_record(env, model, variant, trial, status, rate, reason), path)
+        paths.append(path)
+    other_size = directory / "torch-1.13_resnet50_eager_b64.json"
+    record = make_record("torch-1.13", "resnet50", "eager", 0, "ok", 999.0, batch_size=64)
+    write_record(record, other_size)
+    corrupt = directory / CORRUPT_NAME
+    corrupt.write_text('{"cell": {"model": "resn', encoding="utf-8")
+    return [*paths, other_size, corrupt]
+
+
+def run_aggregate_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "aggregate.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def write_inputs(directory: Path) -> tuple[Path, Path]:
+    config, claims = directory / "config.json", directory / "claims.yaml"
+    config.write_text(pd.io.json.ujson_dumps(CONFIG), encoding="utf-8")
+    claims.write_text(yaml.safe_dump(CLAIMS), encoding="utf-8")
+    return config, claims
+
+
+def aggregate_cli(tmp_path: Path, record_paths: list[Path]) -> Path:
+    """Run scripts/aggregate.py on the fixture (records passed through --records-from)."""
+    config, claims = write_inputs(tmp_path)
+    listing = tmp_path / "records.txt"
+    listing.write_text("\n".join(str(p) for p in record_paths) + "\n", encoding="utf-8")
+    out_dir = tmp_path / "tables"
+    result = run_aggregate_script(
+        "--config", str(config), "--claims", str(claims),
+        "--records-from", str(listing), "--out-dir", str(out_dir),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out_dir
+
+
+# --- the report's pages ---
+
+TABLE_NAMES = ("runs", "summary", "speedups", "steps")
+# A cell the matrix expects whose record never appeared (workflow layout: the cell is known).
+ABSENT = "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial1.json"
+
+
+def fixture_paths(directory: Path) -> list[Path]:
+    """The aggregation fixture (failures, an unsupported cell, a corrupt file) plus a missing
+    record."""
+    return [*write_fixture_records(directory / "records"), directory / ABSENT]
+
+
+def render_tables(tables: dict[str, pd.DataFrame], out_dir: Path, **kwargs: Any) -> list[Path]:
+    return render(
+        tables["runs"],
+        tables["summary"],
+        tables["speedups"],
+        kwargs.pop("config", CONFIG),
+        kwargs.pop("claims", CLAIMS),
+        out_dir,
+        steps=tables.get("steps"),
+        **kwargs,
+    )
+
+
+class PageReader(HTMLParser):
+    """The tables of each <section id=...> (rows of cell texts, header first) and the images."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tables: dict[str, list[list[list[str]]]] = {}
+        self.images: list[dict[str, str]] = []
+        self._section = ""
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = {k: v or "" for k, v in attrs}
+        if tag == "section":
+            self._section = attributes.get("id", "")
+            self.tables.setdefault(self._section, [])
+        elif tag == "table":
+            self.tables[self._section].append([])
+        elif tag == "tr":
+            self.tables[self._section][-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append({**attributes, "section": self._section})
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[self._section][-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def read_page(html: str) -> PageReader:
+    reader = PageReader()
+    reader.feed(html)
+    return reader
+
+
+def expected_seed_tables(speedups: pd.DataFrame) -> list[list[list[str]]]:
+    tables = []
+    for name in dict.fromkeys(speedups["comparison"]):
+        rows = speedups[speedups["comparison"] == name].to_dict("records")
+        tables.append([SEED_HEADERS, *(expected_seed_row(row) for row in rows)])
+    return tables
+
+
+def expected_seed_row(row: dict[str, Any]) -> list[str]:
+    return [
+        format_text(row["model"]),
+        format_text(row["mode"]),
+        format_int(row["batch_size"]),
+        format_rate(row["baseline_samples_per_s"], row["baseline_trials"]),
+        format_rate(row["candidate_samples_per_s"], row["candidate_trials"]),
+        format_speedup_interval(
+            row["speedup"], row["speedup_low"], row["speedup_high"], row["speedup_confidence"]
+        ),
+        format_published(
+            row["published_speedup"], row["published_baseline"], row["published_candidate"]
+        ),
+        format_verdict(row["verdict"], row["verdict_reason"]),
+    ]
+
+
+def html_cells(rows: list[list[str]]) -> list[list[str]]:
+    """A table as the HTML shows it: Markdown-only escaping undone."""
+    return [[" ".join(cell.split()) for cell in row] for row in rows]
+
+
+# --- the cost of a test: what the fast tier (make test-fast) leaves to make test ---
+
+# Models whose tiny cells still take 5-30 s on the 2-core machine (the real BERT, GPT-2 and
+# Mask R-CNN, and the LSTM's fp64 reference); mlp and resnet50 at tiny sizes take a second or two.
+HEAVY_MODELS = frozenset({"bert-base", "gpt2", "mask-rcnn", "lstm-lm"})
+
+
+def is_heavy(model: str, knobs: str = "eager") -> bool:
+    """Whether a cell of ``model`` with ``knobs`` belongs to the slow tier: a heavy model, or a
+    compile that lowers through AOTAutograd or Inductor (seconds of tracing and a C++ build);
+    ``compile+backend=eager`` (Dynamo's tracing alone) stays fast."""
+    compiles = "compile" in knobs and "backend=eager" not in knobs
+    return model in HEAVY_MODELS or compiles
+
+
+def by_cost(models: Iterable[str]) -> list[Any]:
+    """``models`` as parameters of a test, the heavy ones marked slow."""
+    return [pytest.param(m, marks=pytest.mark.slow) if is_heavy(m) else m for m in models]
+
+
+def knob_cases(knob_strings: Iterable[str], model: str = "mlp") -> list[Any]:
+    """Knob strings as parameters of a test on ``model``, the compiling ones marked slow."""
+    return [
+        pytest.param(k, marks=pytest.mark.slow) if is_heavy(model, k) else k for k in knob_strings
+    ]
+
+
+# --- a full disk ---
+
+
+@contextlib.contextmanager
+def full_disk(mount_point: Path, size_kib: int = 64) -> Iterator[Path]:
+    """A tmpfs of ``size_kib`` mounted on ``mount_point`` and filled until the kernel says
+    ENOSPC; unmounted afterwards. Skips the test where this process may not mount (not root,
+    or no CAP_SYS_ADMIN in a container)."""
+    mount_point.mkdir(parents=True, exist_ok=True)
+    mount = shutil.which("mount")
+    if mount is None:
+        pytest.skip("no mount command here")
+    done = subprocess.run(
+        [mount, "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount_point)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=False)
+
+
+def fill(directory: Path) -> None:
+    """Write to ``directory`` until its file system is full."""
+    with open(directory / "filler", "wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError as error:
+            assert error.errno == errno.ENOSPC, error
