@@ -97,6 +97,7 @@ def test_emulator_refuses_what_it_does_not_implement(tmp_path: Path) -> None:
 # --- the plan -------------------------------------------------------------------------------
 
 
+@pytest.mark.workflow
 def test_default_run_plans_image_then_sif_then_cells_for_every_environment() -> None:
     done = snakemake("-n", "--use-singularity", cores="all", env=with_emulator())
     assert done.returncode == 0, done.stdout[-4000:]
@@ -131,6 +132,7 @@ def bare_path(directory: Path) -> str:
     return str(directory)
 
 
+@pytest.mark.workflow
 def test_without_any_builder_the_run_stops_with_one_line(tmp_path: Path) -> None:
     """Nothing on PATH but the emulator: it would build from the definition file; without it
     too, the line names what is missing and both ways out."""
@@ -194,6 +196,7 @@ def test_a_cuda_base_newer_than_the_driver_is_refused() -> None:
     assert message.startswith("environments.torch-2.14: ")
 
 
+@pytest.mark.workflow
 def test_pull_takes_images_by_digest_only(tmp_path: Path) -> None:
     config = {**DEFAULT_CONFIG, "containers": {"images": "pull", "registry": "r.example/p"}}
     done = snakemake(
@@ -480,6 +483,7 @@ def test_push_pins_by_digest_and_apptainer_builds_from_it(
     assert pulled == manifest.id
 
 
+@pytest.mark.workflow
 def test_cuda_cells_get_nv_and_a_shared_image_dir_spares_the_build(tmp_path: Path) -> None:
     """On a CUDA run the cells get --nv though the default profile has no apptainer-args (the
     emulator, like Apptainer on a machine without NVIDIA's driver, warns and goes on), and a
@@ -515,6 +519,7 @@ def test_cuda_cells_get_nv_and_a_shared_image_dir_spares_the_build(tmp_path: Pat
     assert log.startswith("reusing "), log
 
 
+@pytest.mark.workflow
 def test_a_node_driver_older_than_the_cuda_base_stops_the_run(tmp_path: Path) -> None:
     """nvidia-smi says 470.82.01; the default base's CUDA 11.8 needs 520.61.05: refused with
     one line naming both, before any job."""

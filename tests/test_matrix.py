@@ -20,6 +20,7 @@ from ptspeed.matrix import (
 from ptspeed.models import Sizes
 
 BASE: dict[str, Any] = {
+    "results": "results",
     "trials": 2,
     "timeout_s": 1800,
     "steps": {"warmup": 3, "measured": 10, "numerics": 2},

@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers import by_cost
 
-from ptspeed.harness import _build
 from ptspeed.knobs import BadInput
 from ptspeed.models import MAX_BATCH, REGISTRY, Batch, Sizes, check_sizes, get_model
+from ptspeed.steps import build_model
 
 TINY: dict[str, Sizes] = {
     "mlp": Sizes(batch_size=2),
@@ -95,6 +95,6 @@ def test_batches_are_seeded_and_batch_first(model: str) -> None:
 @pytest.mark.parametrize("model", by_cost(sorted(REGISTRY)))
 def test_initial_weights_are_seeded(model: str) -> None:
     spec, sizes = get_model(model), TINY[model]
-    first = _build(spec, sizes, 0, CPU).state_dict()
-    assert same_tensors(first, _build(spec, sizes, 0, CPU).state_dict())
-    assert not same_tensors(first, _build(spec, sizes, 1, CPU).state_dict())
+    first = build_model(spec, sizes, 0, CPU).state_dict()
+    assert same_tensors(first, build_model(spec, sizes, 0, CPU).state_dict())
+    assert not same_tensors(first, build_model(spec, sizes, 1, CPU).state_dict())
