@@ -94,9 +94,15 @@ def test_a_wrong_backward_or_optimizer_step_is_caught(
     assert check.max_relative_error > 2 * check.allowed_error
 
 
+# Ten seeds of the mlp here, three of the two heavy models (each cell runs six reference steps);
+# scripts/numerics_study.py measures 30 seeds a model (the false-alarm rate in the issue note).
+FAULT_FREE_CELLS = [
+    (*cell, seed) for cell in GATE_CELLS for seed in range(10 if cell[0] == "mlp" else 3)
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(10))
-@pytest.mark.parametrize(("model", "knobs", "sizes"), GATE_CELLS)
+@pytest.mark.parametrize(("model", "knobs", "sizes", "seed"), FAULT_FREE_CELLS)
 def test_fault_free_cells_pass_the_gate(
     model: str, knobs: str, sizes: dict[str, int], seed: int
 ) -> None:
