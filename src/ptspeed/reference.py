@@ -65,7 +65,6 @@ class CheckCapture:
         """The step's values; None when GradScaler skipped the step (an fp16 overflow, which
         eager, without a scaler, never has)."""
         if self.mode == "infer":
-            self.placement.full_state(self.model)  # nothing changed; keeps ranks in step
             return numerics.StepValues(output=output_sample(output))
         after = self.placement.full_state(self.model)
         if snapshot.scale is not None and _scale(self.step) < snapshot.scale:
