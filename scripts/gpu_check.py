@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from ptspeed.envbuild import lock_hash, venv_python  # noqa: E402
+from ptspeed.envbuild import venv_dir, venv_python  # noqa: E402
 from ptspeed.knobs import parse_knobs, unsupported_reason  # noqa: E402
 from ptspeed.models import REGISTRY  # noqa: E402
 from ptspeed.record import read_record  # noqa: E402
@@ -113,7 +113,7 @@ def interpreters(config: dict) -> dict[str, str]:
     for name, env in config["environments"].items():
         if env.get("kind", "venv") != "venv":
             continue
-        python = venv_python(env_cache / f"{name}-{lock_hash(ROOT / env['requirements'])}")
+        python = venv_python(venv_dir(env_cache, name, ROOT / env["requirements"]))
         if python.exists():
             found[name] = str(python)
     return found

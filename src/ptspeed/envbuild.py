@@ -71,6 +71,14 @@ def find_python(version: str, env_name: str | None = None) -> Path:
     )
 
 
+def venv_dir(
+    dest_root: str | os.PathLike[str], name: str, requirements: str | os.PathLike[str]
+) -> Path:
+    """Where the venv of environment ``name`` built from ``requirements`` lives: one directory
+    per lock file hash, shared by every checkout that uses the same cache."""
+    return Path(dest_root) / f"{name}-{lock_hash(requirements)}"
+
+
 def lock_hash(requirements_path: str | os.PathLike[str]) -> str:
     """Short (16 hex digits) sha256 of the requirements file's content."""
     return hashlib.sha256(Path(requirements_path).read_bytes()).hexdigest()[:16]
@@ -125,7 +133,7 @@ def build_venv(
     if tool not in INSTALLERS:
         raise EnvBuildError(f"installer: {tool!r} is not one of {', '.join(INSTALLERS)}")
     digest = lock_hash(requirements)
-    final = Path(dest_root).absolute() / f"{name}-{digest}"
+    final = venv_dir(dest_root, name, requirements).absolute()
     if _is_usable(final, name, digest, python_version, verify_imports[0]):
         _say(f"reusing environment {name}: {final}")
         return final

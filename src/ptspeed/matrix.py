@@ -124,7 +124,7 @@ def cell_spec(
     """What the cell command of ``cell`` is asked to run (``threads``: its CPU threads)."""
     sizes = model_sizes(config, cell.model, device_class)
     steps = config["steps"]
-    compiles = parse_knobs(config["variants"][cell.variant]).compile_mode is not None
+    compiles = variant_compiles(config, cell.variant)
     return CellSpec(
         model=cell.model,
         variant=cell.variant,
@@ -146,6 +146,11 @@ def cell_spec(
         compiler_cache=f"{config['results']}/cache/compiler/{cell.key}" if compiles else "",
         compiler_cache_cold=compiles and cell.trial == 0,
     )
+
+
+def variant_compiles(config: Mapping[str, Any], variant: str) -> bool:
+    """Whether the configured variant runs torch.compile (its cells get a compiler cache)."""
+    return parse_knobs(config["variants"][variant]).compile_mode is not None
 
 
 def cell_options(spec: CellSpec, oom_retry: bool) -> list[str]:

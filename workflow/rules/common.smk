@@ -30,7 +30,7 @@ from ptspeed.containers import (
     runs_in_image,
     forget_pruned_image,
 )
-from ptspeed.envbuild import lock_hash
+from ptspeed.envbuild import venv_dir
 from ptspeed.gpus import check_variant_gpus
 from ptspeed.knobs import parse_knobs
 from ptspeed.matrix import (
@@ -40,6 +40,7 @@ from ptspeed.matrix import (
     cell_spec,
     cells,
     runtime_minutes,
+    variant_compiles,
 )
 from ptspeed.provenance import GIT_COMMIT_VARIABLE, git_state
 
@@ -192,9 +193,8 @@ def env_container(wildcards):
     return None
 
 
-def venv_dir(env):
-    spec = ENVIRONMENTS[env]
-    return ENV_CACHE / f"{env}-{lock_hash(spec['requirements'])}"
+def env_venv_dir(env):
+    return venv_dir(ENV_CACHE, env, ENVIRONMENTS[env]["requirements"])
 
 
 def env_ready_file(wildcards):
@@ -226,7 +226,7 @@ def interpreter(env):
         return apptainer_python(env)
     if ENVIRONMENTS[env]["kind"] == "host":
         return shlex.quote(sys.executable)
-    return shlex.quote(str(Path(venv_dir(env)).resolve() / "bin" / "python"))
+    return shlex.quote(str(Path(env_venv_dir(env)).resolve() / "bin" / "python"))
 
 
 def apptainer_python(env):
@@ -275,13 +275,9 @@ def cell_arguments(wildcards, threads):
     return " ".join(shlex.quote(a) for a in cell_options(spec, config["oom_retry"]))
 
 
-def compiles(wildcards):
-    return parse_knobs(config["variants"][wildcards.variant]).compile_mode is not None
-
-
 def first_trial_record(wildcards):
     """A compiled cell's later trials wait for trial 0, so that they find its compiler cache."""
-    if not compiles(wildcards) or int(wildcards.trial) == 0:
+    if not variant_compiles(config, wildcards.variant) or int(wildcards.trial) == 0:
         return []
     return rules.cell.output.record.format(**{**dict(wildcards.items()), "trial": 0})
 
