@@ -11,7 +11,7 @@ python.pkgs.buildPythonPackage {
   dependencies = [ python.pkgs.pyyaml ];
   # The tests need torch and the workflow stack; they run with `make test`.
   doCheck = false;
-  pythonImportsCheck = [ "ptspeed.record" "ptspeed.containers" ];
+  pythonImportsCheck = [ "ptspeed.cell.record" "ptspeed.envs.containers" ];
   meta = {
     description = "Reproducible PyTorch speed benchmarks: versions and optimisations, measured with intervals";
     platforms = pkgs.lib.platforms.linux;

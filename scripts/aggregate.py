@@ -18,14 +18,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import pandas as pd
 
-from ptspeed.aggregate import (
+from ptspeed.analysis.aggregate import (
     load_tables,
     read_mapping,
     records_listed_in,
     speedups,
     summarise,
 )
-from ptspeed.record import write_atomic
+from ptspeed.cell.record import write_atomic
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

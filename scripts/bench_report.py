@@ -240,8 +240,9 @@ def _render(report: Any, tables: dict[str, Any], out_dir: Path) -> None:
 
 
 def _import() -> tuple[Any, Any, Any]:
-    from ptspeed import aggregate, report
-    from ptspeed.record import write_atomic
+    from ptspeed.analysis import aggregate
+    from ptspeed.cell.record import write_atomic
+    from ptspeed.render import report
 
     return aggregate, report, write_atomic
 

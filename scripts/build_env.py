@@ -12,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ptspeed.envbuild import INSTALLERS, EnvBuildError, build_venv, venv_python
-from ptspeed.record import write_atomic
+from ptspeed.cell.record import write_atomic
+from ptspeed.envs.venvs import INSTALLERS, EnvBuildError, build_venv, venv_python
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

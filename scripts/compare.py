@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import pandas as pd
 
-from ptspeed.compare import (
+from ptspeed.analysis.compare import (
     DEFAULT_THRESHOLD,
     DISPLAY_HEADERS,
     SAME,
@@ -33,7 +33,7 @@ from ptspeed.compare import (
     regressions,
     verdict_line,
 )
-from ptspeed.record import write_atomic
+from ptspeed.cell.record import write_atomic
 
 EXIT_SLOWER = 1
 EXIT_BAD_INPUT = 2

@@ -17,15 +17,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ptspeed.containers import (
+from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
+from ptspeed.envs.containers import (
     ENGINES,
     ContainerError,
     ImageManifest,
     passed_environment,
     run_command,
 )
-from ptspeed.gpus import LOCK_DIR_VARIABLE, lock_dir
-from ptspeed.provenance import GIT_COMMIT_VARIABLE, git_state
+from ptspeed.launch.gpus import LOCK_DIR_VARIABLE, lock_dir
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def gpu_lock_mount() -> dict[str, Path]:
-    """The node's GPU lock directory (ptspeed.gpus), shared with the container so that cells
+    """The node's GPU lock directory (ptspeed.launch.gpus), shared with the container so that cells
     in separate containers still claim different GPUs."""
     directory = lock_dir()
     directory.mkdir(parents=True, exist_ok=True)

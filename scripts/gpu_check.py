@@ -28,10 +28,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from ptspeed.envbuild import venv_dir, venv_python  # noqa: E402
-from ptspeed.knobs import parse_knobs, unsupported_reason  # noqa: E402
+from ptspeed.cell.knobs import parse_knobs, unsupported_reason  # noqa: E402
+from ptspeed.cell.record import read_record  # noqa: E402
+from ptspeed.envs.venvs import venv_dir, venv_python  # noqa: E402
 from ptspeed.models import REGISTRY  # noqa: E402
-from ptspeed.record import read_record  # noqa: E402
 
 CONFIG = ROOT / "config" / "config.yaml"
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"

@@ -14,7 +14,7 @@ image of it.
         --sif results/images/torch-2.0.sif --digest results/images/torch-2.0.sif.digest
 
 With --image-dir, images are kept there under a name made of the environment and the hash of
-what they are built from (ptspeed.apptainer.image_key): a build or a sif whose twin is already
+what they are built from (ptspeed.envs.apptainer.image_key): a build or a sif whose twin is already
 there reuses it (the sif by a symbolic link) instead of building. Runs from the repository root
 without the package installed.
 """
@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ptspeed.apptainer import SifPlan, image_key, sif_commands, sif_digest
-from ptspeed.containers import (
+from ptspeed.envs.apptainer import SifPlan, image_key, sif_commands, sif_digest
+from ptspeed.envs.containers import (
     ENGINES,
     BuildSpec,
     ContainerError,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ptspeed.harness import run_cell
-from ptspeed.record import CellSpec
+from ptspeed.cell.harness import run_cell
+from ptspeed.cell.record import CellSpec
 
 CPU_SIZES = {"batch_size": 4, "image_size": 64, "seq_len": 32}
 FIELDS = ("model", "variant", "seed", "fault", "status", "quantity", "error", "allowed")

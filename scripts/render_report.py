@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import jinja2
 import pandas as pd
 
-from ptspeed.aggregate import read_mapping, read_table
-from ptspeed.report import render
+from ptspeed.analysis.aggregate import read_mapping, read_table
+from ptspeed.render.report import render
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

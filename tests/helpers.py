@@ -25,7 +25,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from ptspeed.record import (
+from ptspeed.cell.record import (
     CellSpec,
     Metrics,
     NumericsCheck,
@@ -34,7 +34,7 @@ from ptspeed.record import (
     json_schema,
     write_record,
 )
-from ptspeed.report import (
+from ptspeed.render.report import (
     SEED_HEADERS,
     format_int,
     format_published,

@@ -21,8 +21,8 @@ from helpers import (
     write_inputs,
 )
 
-from ptspeed import stats
-from ptspeed.aggregate import (
+from ptspeed.analysis import stats
+from ptspeed.analysis.aggregate import (
     MISSING_REASON,
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
@@ -38,7 +38,7 @@ from ptspeed.aggregate import (
     summarise,
     verdict,
 )
-from ptspeed.record import write_record
+from ptspeed.cell.record import write_record
 
 REPO = Path(__file__).resolve().parents[1]
 

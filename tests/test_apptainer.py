@@ -29,7 +29,7 @@ from test_containers import CI_BASE_IMAGE as CI_PYTHON_BASE
 from test_containers import host_ca_bundle
 from test_workflow import ROOT, snakemake, write_config
 
-from ptspeed.apptainer import (
+from ptspeed.envs.apptainer import (
     CELL_PYTHON,
     NO_BUILDER,
     SifPlan,
@@ -39,7 +39,7 @@ from ptspeed.apptainer import (
     sif_commands,
     sif_digest,
 )
-from ptspeed.containers import (
+from ptspeed.envs.containers import (
     BuildSpec,
     ContainerConfigError,
     ImageManifest,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import TINY_CELL, files_in, fill, full_disk, ptspeed, read_valid_record
 
+from ptspeed.cell.record import json_schema
 from ptspeed.models import REGISTRY
-from ptspeed.record import json_schema
 
 HANG_TIMEOUT_S = 5
 HANG_DEADLINE_S = 15

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 from helpers import write_fixture_records
 
-from ptspeed import stats
-from ptspeed.aggregate import load_tables
-from ptspeed.compare import (
+from ptspeed.analysis import stats
+from ptspeed.analysis.aggregate import load_tables
+from ptspeed.analysis.compare import (
     COMPARE_COLUMNS,
     DISPLAY_HEADERS,
     FASTER,

@@ -1,5 +1,5 @@
-"""The config loader (ptspeed.config.prepare_config): a corpus of bad input, each refused with one
-line naming the key, and hypothesis fuzzing that it never fails any other way.
+"""The config loader (ptspeed.plan.config.prepare_config): a corpus of bad input, each refused
+with one line naming the key, and hypothesis fuzzing that it never fails any other way.
 
 The loader is what workflow/rules/common.smk runs before any job is planned; the end-to-end
 refusals (nothing run, no results directory) are in test_faults.py and test_workflow.py.
@@ -20,16 +20,16 @@ from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ptspeed.cell.checks import check_cell
 from ptspeed.cli import parse_cell_options
-from ptspeed.config import (
+from ptspeed.plan.config import (
     MAX_MESSAGE_CHARS,
     SCHEMA_PATH,
     ConfigError,
     key_path,
     prepare_config,
 )
-from ptspeed.matrix import cell_options, cell_spec, cells
-from ptspeed.validate import check_cell
+from ptspeed.plan.matrix import cell_options, cell_spec, cells
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG: dict[str, Any] = yaml.safe_load((ROOT / "config/config.yaml").read_text())
@@ -386,7 +386,7 @@ def test_every_cell_of_an_accepted_config_runs(config: dict[str, Any]) -> None:
 
 
 def test_numerics_may_exceed_warmup() -> None:
-    # The cell lengthens its warm-up to hold the check steps (ptspeed.harness.WarmupPlan).
+    # The cell lengthens its warm-up to hold the check steps (ptspeed.cell.harness.WarmupPlan).
     prepare(changed("steps", {"warmup": 1, "numerics": 2}))
 
 

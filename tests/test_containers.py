@@ -23,8 +23,8 @@ import yaml
 from helpers import BIN, PLAN_TIMEOUT_S, ROOT
 from helpers import snakemake as run_snakemake
 
-from ptspeed import provenance
-from ptspeed.containers import (
+from ptspeed.cell import provenance
+from ptspeed.envs.containers import (
     BuildSpec,
     ContainerConfigError,
     ImageManifest,

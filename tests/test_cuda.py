@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ptspeed.harness import run_cell  # noqa: E402
-from ptspeed.record import CellSpec  # noqa: E402
+from ptspeed.cell.harness import run_cell  # noqa: E402
+from ptspeed.cell.record import CellSpec  # noqa: E402
 
 pytestmark = [
     pytest.mark.cuda,

@@ -23,21 +23,21 @@ import pytest
 import torch
 import yaml
 
-from ptspeed.distributed import Rank
-from ptspeed.envbuild import build_venv, venv_python
-from ptspeed.harness import run_cell
-from ptspeed.knobs import BadInput, parse_knobs, unsupported_reason
-from ptspeed.models import Sizes, get_model
-from ptspeed.record import CellSpec, Record
-from ptspeed.runner import run_cell_in_worker
-from ptspeed.torchrun import (
+from ptspeed.cell.checks import check_cell
+from ptspeed.cell.distributed import Rank
+from ptspeed.cell.harness import run_cell
+from ptspeed.cell.knobs import BadInput, parse_knobs, unsupported_reason
+from ptspeed.cell.record import CellSpec, Record
+from ptspeed.envs.venvs import build_venv, venv_python
+from ptspeed.launch.torchrun import (
     launcher_failures,
     merged_record,
     threads_per_process,
     torchrun_command,
     write_rank_outcome,
 )
-from ptspeed.validate import check_cell
+from ptspeed.launch.watchdog import run_cell_in_worker
+from ptspeed.models import Sizes, get_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL_TIMEOUT_S = 300.0
@@ -218,7 +218,7 @@ def test_the_torchrun_command_picks_a_free_port_and_speaks_torch_1_13() -> None:
     assert "--standalone" not in command  # fixed port 29400 in torch 1.13
     joined = " ".join(command)
     assert "--nproc_per_node 3" in joined and "--rdzv_endpoint localhost:0" in joined
-    assert command[-5:] == ["-m", "ptspeed.worker", "--rank", "SPEC", "OUT"]
+    assert command[-5:] == ["-m", "ptspeed.launch.worker", "--rank", "SPEC", "OUT"]
 
 
 @pytest.mark.parametrize(("requested", "world_size", "each"), [(2, 2, 1), (8, 3, 2), (1, 4, 1)])
@@ -419,7 +419,7 @@ def rank_processes(pids: set[int]) -> set[int]:
             arguments = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        launched_rank = b"ptspeed.worker\0--rank" in b"\0".join(arguments)
+        launched_rank = b"ptspeed.launch.worker\0--rank" in b"\0".join(arguments)
         if launched_rank and b"torch.distributed.run" not in arguments:  # not torchrun itself
             ranks.add(pid)
     return ranks

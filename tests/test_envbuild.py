@@ -1,4 +1,4 @@
-"""Tests of ptspeed.envbuild and scripts/build_env.py.
+"""Tests of ptspeed.envs.venvs and scripts/build_env.py.
 
 The builds here use the running interpreter and a wheel made on the spot (no network); only the
 test marked slow installs from PyPI.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ptspeed import envbuild
-from ptspeed.envbuild import (
+from ptspeed.envs import venvs as envbuild
+from ptspeed.envs.venvs import (
     INSTALLERS,
     MARKER_NAME,
     EnvBuildError,
@@ -292,7 +292,7 @@ def test_build_venv_reports_a_missing_requirements_file(tmp_path: Path) -> None:
 BUILD_TINY = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from ptspeed.envbuild import build_venv
+from ptspeed.envs.venvs import build_venv
 venv = build_venv("tiny", sys.argv[2], sys.argv[3], sys.argv[4], python=sys.executable,
                   verify_imports=["tinypkg"], installer=sys.argv[5])
 print(venv)

@@ -39,12 +39,13 @@ from helpers import (
     write_config,
 )
 
-from ptspeed import aggregate, report
-from ptspeed.faults import FAULTS_VARIABLE, fault_from_environment, parse_faults
-from ptspeed.knobs import BadInput
-from ptspeed.record import CellSpec, read_record, write_record
-from ptspeed.runlock import LOCK_NAME, ResultsInUse, hold_results_lock
-from ptspeed.staleness import stale_reason
+from ptspeed.analysis import aggregate
+from ptspeed.analysis.staleness import stale_reason
+from ptspeed.cell.faults import FAULTS_VARIABLE, fault_from_environment, parse_faults
+from ptspeed.cell.knobs import BadInput
+from ptspeed.cell.record import CellSpec, read_record, write_record
+from ptspeed.plan.runlock import LOCK_NAME, ResultsInUse, hold_results_lock
+from ptspeed.render import report
 
 SRC = ROOT / "src"
 RUN_TIMEOUT_S = 900
@@ -149,7 +150,7 @@ def worker_of(watchdog: int) -> int | None:
             parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if parent == watchdog and "ptspeed.worker" in command_line(pid) and alive(pid):
+        if parent == watchdog and "ptspeed.launch.worker" in command_line(pid) and alive(pid):
             return pid
     return None
 
@@ -474,7 +475,7 @@ def test_an_unknown_fault_is_refused() -> None:
 HOLD_LOCK = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
-from ptspeed.runlock import hold_results_lock
+from ptspeed.plan.runlock import hold_results_lock
 hold_results_lock(sys.argv[1])
 print("held", flush=True)
 time.sleep(600)
@@ -670,7 +671,7 @@ CODE_RUNNERS = re.compile(
 ALLOWED_IMPORTS = {
     "src/ptspeed/models/__init__.py": "importlib.import_module(REGISTRY[name].module)",
     "src/ptspeed/models/text.py": 'importlib.import_module("torch._dynamo")',
-    "src/ptspeed/envbuild.py": "importlib.import_module(module)",
+    "src/ptspeed/envs/venvs.py": "importlib.import_module(module)",
 }
 
 

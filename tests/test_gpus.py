@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ptspeed.gpus import (
+from ptspeed.launch.gpus import (
     GpuPool,
     GpuRequestError,
     check_variant_gpus,
@@ -22,7 +22,7 @@ from ptspeed.gpus import (
     lock_dir,
     node_pool,
 )
-from ptspeed.matrix import ConfigError
+from ptspeed.plan.matrix import ConfigError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -33,7 +33,7 @@ HOLDER = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from ptspeed.gpus import GpuPool, claim_gpus
+    from ptspeed.launch.gpus import GpuPool, claim_gpus
     count, n_gpus, locks, out, hold_s, start_file = sys.argv[1:]
     pool = GpuPool(tuple(str(i) for i in range(int(n_gpus))), "test")
     if start_file:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptspeed.knobs import (
+from ptspeed.cell.knobs import (
     AMP_DTYPES,
     COMPILE_MODES,
     KNOB_NAMES,

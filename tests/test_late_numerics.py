@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from test_aggregate import make_record
 
-from ptspeed.aggregate import load_tables, read_table, summarise
-from ptspeed.late_numerics import (
+from ptspeed.analysis.aggregate import load_tables, read_table, summarise
+from ptspeed.analysis.late_numerics import (
     LATE_MODEL_ALLOWANCES,
     LATE_TOLERANCES,
     allowed_error,

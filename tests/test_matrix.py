@@ -1,4 +1,4 @@
-"""ptspeed.matrix: the config turned into cells, and the cross-reference checks."""
+"""ptspeed.plan.matrix: the config turned into cells, and the cross-reference checks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ptspeed.matrix import (
+from ptspeed.models import Sizes
+from ptspeed.plan.matrix import (
     Cell,
     ConfigError,
     cells,
@@ -17,7 +18,6 @@ from ptspeed.matrix import (
     runtime_minutes,
     size_label,
 )
-from ptspeed.models import Sizes
 
 BASE: dict[str, Any] = {
     "results": "results",

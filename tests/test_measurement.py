@@ -13,11 +13,11 @@ import pytest
 import torch
 from test_harness import tiny_cell
 
-from ptspeed import harness, numerics, provenance, reference
-from ptspeed.harness import WarmupPlan, resolve_device, run_cell, use_compiler_cache
-from ptspeed.knobs import BadInput, parse_knobs, unsupported_reason
-from ptspeed.record import CellSpec
-from ptspeed.steps import Step
+from ptspeed.cell import harness, numerics, provenance, reference
+from ptspeed.cell.harness import WarmupPlan, resolve_device, run_cell, use_compiler_cache
+from ptspeed.cell.knobs import BadInput, parse_knobs, unsupported_reason
+from ptspeed.cell.record import CellSpec
+from ptspeed.cell.steps import Step
 
 # --- one-off work of a knob ends before the measured window -------------------------------
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers import by_cost
 
-from ptspeed.knobs import BadInput
+from ptspeed.cell.knobs import BadInput
+from ptspeed.cell.steps import build_model
 from ptspeed.models import MAX_BATCH, REGISTRY, Batch, Sizes, check_sizes, get_model
-from ptspeed.steps import build_model
 
 TINY: dict[str, Sizes] = {
     "mlp": Sizes(batch_size=2),

@@ -18,7 +18,7 @@ from helpers import fill, full_disk
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-from ptspeed.record import (
+from ptspeed.cell.record import (
     STATUSES,
     CellSpec,
     Metrics,
@@ -226,7 +226,7 @@ def test_failed_rename_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.M
     def refuse(src: str, dst: object) -> None:
         raise OSError("rename refused")
 
-    monkeypatch.setattr("ptspeed.record.os.replace", refuse)
+    monkeypatch.setattr("ptspeed.cell.record.os.replace", refuse)
     with pytest.raises(OSError, match="rename refused"):
         write_atomic(target, "new\n")
     assert target.read_text(encoding="utf-8") == "old\n"

@@ -28,8 +28,7 @@ from helpers import (
     render_tables,
 )
 
-from ptspeed import report
-from ptspeed.aggregate import (
+from ptspeed.analysis.aggregate import (
     MISSING_REASON,
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
@@ -39,9 +38,10 @@ from ptspeed.aggregate import (
     speedups,
     summarise,
 )
-from ptspeed.late_numerics import LATE_TOLERANCES
-from ptspeed.numerics import TOLERANCES
-from ptspeed.report import (
+from ptspeed.analysis.late_numerics import LATE_TOLERANCES
+from ptspeed.cell.numerics import TOLERANCES
+from ptspeed.render import report
+from ptspeed.render.report import (
     NOISY_HEADERS,
     SUMMARY_HEADERS,
     format_compile_time,

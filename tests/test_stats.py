@@ -1,4 +1,4 @@
-"""Tests for ptspeed.stats: known answers, coverage on simulated trials, and properties."""
+"""Tests for ptspeed.analysis.stats: known answers, coverage on simulated trials, and properties."""
 
 import dataclasses
 import itertools
@@ -12,8 +12,8 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ptspeed import stats
-from ptspeed.stats import (
+from ptspeed.analysis import stats
+from ptspeed.analysis.stats import (
     Ratio,
     compare_to_claim,
     mann_whitney_p,

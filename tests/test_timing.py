@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptspeed.timing import CpuTimer, CudaTimer, TimingResult, percentile, timed_loop
+from ptspeed.cell.timing import CpuTimer, CudaTimer, TimingResult, percentile, timed_loop
 
 BUSY_STEP_S = 0.020
 BUSY_TOLERANCE = 0.25

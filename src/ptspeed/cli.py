@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from ptspeed import knobs as knobs_module
-from ptspeed.faults import FAULTS_VARIABLE, fault_from_environment, fault_of_attempt
-from ptspeed.gpus import GpuRequestError, gpu_environment
-from ptspeed.knobs import BadInput, parse_knobs
+from ptspeed.cell import knobs as knobs_module
+from ptspeed.cell.checks import DEVICES, FAULTS, MODES, check_cell
+from ptspeed.cell.faults import FAULTS_VARIABLE, fault_from_environment, fault_of_attempt
+from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.provenance import collect_base
+from ptspeed.cell.record import CellSpec, Record, WriteFailed, json_schema, utc_now, write_record
+from ptspeed.launch.gpus import GpuRequestError, gpu_environment
 from ptspeed.models import REGISTRY
-from ptspeed.provenance import collect_base
-from ptspeed.record import CellSpec, Record, WriteFailed, json_schema, utc_now, write_record
-from ptspeed.validate import DEVICES, FAULTS, MODES, check_cell
 
 EXIT_NOT_WRITTEN = 1
 EXIT_BAD_INPUT = 2
@@ -180,7 +180,7 @@ def _cell(args: argparse.Namespace) -> int:
 
 
 def _run_on_claimed_gpus(spec: CellSpec, out: Path, oom_retry: bool) -> Record:
-    """Run the cell on GPUs no other cell of the node holds (ptspeed.gpus), held until its
+    """Run the cell on GPUs no other cell of the node holds (ptspeed.launch.gpus), held until its
     record is written; a cell the node cannot give GPUs to gets a ``failed`` record saying so."""
     count = parse_knobs(spec.knobs).world_size
     try:
@@ -205,7 +205,7 @@ def run_with_oom_retry(
     """Run ``spec`` (and, with ``oom_retry``, its retry at half the batch size after running out
     of memory) and write the one record that stands for the cell to ``out``. ``gpu_env`` pins
     the worker to its GPUs."""
-    from ptspeed.runner import run_cell_in_worker
+    from ptspeed.launch.watchdog import run_cell_in_worker
 
     with tempfile.TemporaryDirectory(prefix="ptspeed-attempts-") as scratch:
         begun = time.monotonic()
@@ -224,7 +224,7 @@ def run_with_oom_retry(
 def _retry_at_half_batch(
     spec: CellSpec, first: Record, left_s: float, out: Path, gpu_env: dict[str, str] | None
 ) -> Record:
-    from ptspeed.runner import run_cell_in_worker
+    from ptspeed.launch.watchdog import run_cell_in_worker
 
     retry = dataclasses.replace(
         spec,

@@ -12,15 +12,15 @@ from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from ptspeed.apptainer import CELL_PYTHON
-from ptspeed.cluster import (
+from ptspeed.envs.apptainer import CELL_PYTHON
+from ptspeed.plan.cluster import (
     check_cluster,
     check_gpu_limit,
     cpus_per_cell,
     slurm_resources,
 )
-from ptspeed.config import prepare_config
-from ptspeed.containers import (
+from ptspeed.plan.config import prepare_config
+from ptspeed.envs.containers import (
     ENGINES,
     ContainerConfigError,
     check_container_config,
@@ -30,10 +30,10 @@ from ptspeed.containers import (
     runs_in_image,
     forget_pruned_image,
 )
-from ptspeed.envbuild import venv_dir
-from ptspeed.gpus import check_variant_gpus
-from ptspeed.knobs import parse_knobs
-from ptspeed.matrix import (
+from ptspeed.envs.venvs import venv_dir
+from ptspeed.launch.gpus import check_variant_gpus
+from ptspeed.cell.knobs import parse_knobs
+from ptspeed.plan.matrix import (
     Cell,
     ConfigError,
     cell_options,
@@ -42,7 +42,7 @@ from ptspeed.matrix import (
     runtime_minutes,
     variant_compiles,
 )
-from ptspeed.provenance import GIT_COMMIT_VARIABLE, git_state
+from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
 
 
 def detect_device_class(requested):
@@ -145,7 +145,7 @@ if IN_APPTAINER and not os.environ.get(GIT_COMMIT_VARIABLE):
 
 
 def uses_container(env):
-    """Whether the cells of ``env`` run in its image (see ptspeed.containers.runs_in_image)."""
+    """Whether the cells of ``env`` run in its image (see ptspeed.envs.containers.runs_in_image)."""
     return runs_in_image(ENVIRONMENTS[env], CONTAINERS, IN_APPTAINER)
 
 
@@ -231,7 +231,7 @@ def interpreter(env):
 
 def apptainer_python(env):
     """The image's python as the cell's command inside the container starts it: blind to the
-    host's Python packages (ptspeed.apptainer.CELL_PYTHON), with the digest for the record.
+    host's Python packages (ptspeed.envs.apptainer.CELL_PYTHON), with the digest for the record.
     """
     digest = shlex.quote(sif_digest_path(env))
     return f'{CELL_PYTHON} PTSPEED_CONTAINER_DIGEST="$(cat {digest})" python'
@@ -309,7 +309,7 @@ def trial_priority(wildcards):
 
 def cell_gpus(wildcards):
     """GPUs a cell requests: its processes (procs= of ddp/fsdp, else 1) on CUDA. Which GPUs
-    it gets on the node is decided by the cell itself (ptspeed.gpus): Snakemake only counts.
+    it gets on the node is decided by the cell itself (ptspeed.launch.gpus): Snakemake only counts.
     """
     if DEVICE_CLASS != "cuda":
         return 0

@@ -1,8 +1,8 @@
 # Helpers of workflow/rules/images.smk: what an image is built from, how this machine makes the
 # Apptainer images (chosen and printed once), and where they go.
 
-from ptspeed.apptainer import check_driver, default_base_image, plan_sif
-from ptspeed.provenance import nvidia_driver_version
+from ptspeed.envs.apptainer import check_driver, default_base_image, plan_sif
+from ptspeed.cell.provenance import nvidia_driver_version
 
 
 def image_environments():

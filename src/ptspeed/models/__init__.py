@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptspeed.knobs import BadInput
+from ptspeed.cell.knobs import BadInput
 
 Batch = dict[str, Any]
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 
-from ptspeed.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.record import CellSpec
 from ptspeed.models import Sizes, check_sizes
-from ptspeed.record import CellSpec
 
 MODES = ("train", "infer")
 DEVICES = ("auto", "cpu", "cuda")
-# Injected faults for testing the suite (ptspeed.faults); oom-once is handled by the cell command.
+# Injected faults for testing the suite (ptspeed.cell.faults); oom-once is handled by the cell
+# command.
 FAULTS = (
     "",
     "error",

@@ -1,12 +1,12 @@
 """The watchdog: one cell = one worker process, one record, whatever happens.
 
-The parent process does not import torch. It starts ``python -m ptspeed.worker`` with the cell
-spec, waits at most the cell's time limit, and then writes the record atomically: the worker's
+The parent process does not import torch. It starts ``python -m ptspeed.launch.worker`` with the
+cell spec, waits at most the cell's time limit, and then writes the record atomically: the worker's
 own record when it finished, otherwise a ``timeout`` or ``failed`` record that says what
 happened (exit code, signal, the end of its stderr). The worker's process group is killed on
 timeout so that DataLoader workers and compile subprocesses go with it.
 
-A ddp/fsdp cell's worker is torchrun with its ranks (:mod:`ptspeed.torchrun`): on timeout or
+A ddp/fsdp cell's worker is torchrun with its ranks (:mod:`ptspeed.launch.torchrun`): on timeout or
 SIGTERM torchrun ends its ranks, and the ranks die with torchrun should it be killed outright.
 The cell's record is made from the ranks' outcomes.
 """
@@ -23,11 +23,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ptspeed import torchrun
-from ptspeed.knobs import BadInput, parse_knobs
-from ptspeed.provenance import collect_base
-from ptspeed.record import CellSpec, Record, read_record, utc_now, write_record
-from ptspeed.worker import WATCHDOG_PID_VARIABLE
+from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.provenance import collect_base
+from ptspeed.cell.record import CellSpec, Record, read_record, utc_now, write_record
+from ptspeed.launch import torchrun
+from ptspeed.launch.worker import WATCHDOG_PID_VARIABLE
 
 STDERR_TAIL_CHARS = 3000
 KILL_GRACE_S = 5.0
@@ -82,7 +82,7 @@ def _torchrun_ranks(spec: CellSpec) -> int:
 def _worker_command(spec: CellSpec, result_path: Path, python: str, ranks: int) -> list[str]:
     arguments = [json.dumps(asdict(spec)), str(result_path)]
     launch = [torchrun.LAUNCH_FLAG] if ranks else []
-    return [python, "-m", "ptspeed.worker", *launch, *arguments]
+    return [python, "-m", "ptspeed.launch.worker", *launch, *arguments]
 
 
 def _run_worker(
@@ -115,7 +115,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 def _worker_env(extra_env: dict[str, str]) -> dict[str, str]:
     env = {**os.environ, **extra_env}
-    source_root = str(Path(__file__).resolve().parents[1])
+    source_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
     env[WATCHDOG_PID_VARIABLE] = str(os.getpid())
     return env

@@ -2,9 +2,9 @@
 
 Two runs (two machines, before and after a change) each give a ``runs.csv``. Cells are matched
 on environment, model, variant, mode and sizes; for each cell present on both sides the ratio
-new / old of throughput is given as the report's speedups are (:func:`ptspeed.stats.speedup`:
-the Hodges–Lehmann ratio, its exact interval with the confidence it achieves, and the
-Mann–Whitney p-value), and a mark:
+new / old of throughput is given as the report's speedups are
+(:func:`ptspeed.analysis.stats.speedup`: the Hodges–Lehmann ratio, its exact interval with the
+confidence it achieves, and the Mann–Whitney p-value), and a mark:
 
 * ``+`` significantly faster: the change is significant and the ratio above ``1 + threshold``;
 * ``-`` significantly slower: significant and the ratio below ``1 - threshold``;
@@ -25,8 +25,8 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed import stats
-from ptspeed.aggregate import ALPHA, CELL_KEYS, CONFIDENCE, read_table, status_counts
+from ptspeed.analysis import stats
+from ptspeed.analysis.aggregate import ALPHA, CELL_KEYS, CONFIDENCE, read_table, status_counts
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
 DEFAULT_THRESHOLD = 0.05

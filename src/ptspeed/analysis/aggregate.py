@@ -5,7 +5,7 @@
   record becomes a row with status ``unreadable``, and a listed path with no file a row with
   status ``missing``, instead of an exception: one bad file never hides the rest of a run, and
   the report can name what is absent. Train-mode trials then get the late numerics check
-  (:mod:`ptspeed.late_numerics`): a last loss that strays from the same environment's eager
+  (:mod:`ptspeed.analysis.late_numerics`): a last loss that strays from the same environment's eager
   cell makes the trial ``numerics_mismatch``. Where the path follows the workflow's layout
   (``records/<env>/<model>/<variant>/<mode>/<size>/trial<N>.json``) such rows carry the cell.
 * :func:`summarise` groups the runs by cell (environment, model, variant, mode, sizes) and gives
@@ -13,8 +13,8 @@
   noise flag with its reason.
 * :func:`speedups` pairs the summary rows each configured comparison needs, gives each speedup
   (the Hodges–Lehmann ratio of the ok trials) its exact interval with the confidence it
-  achieves and a p-value (:func:`ptspeed.stats.speedup`), and judges the published figures of
-  ``config/claims.yaml``.
+  achieves and a p-value (:func:`ptspeed.analysis.stats.speedup`), and judges the published
+  figures of ``config/claims.yaml``.
 
 Everything here is pure except the readers (:func:`load_tables`, :func:`read_table`,
 :func:`records_listed_in`, :func:`read_mapping`), and nothing imports torch.
@@ -35,15 +35,15 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ptspeed import stats
-from ptspeed.late_numerics import (
+from ptspeed.analysis import stats
+from ptspeed.analysis.late_numerics import (
     LATE_COLUMNS,
     check_late_losses,
     precision_of,
     recorded_late_check,
 )
-from ptspeed.record import STATUSES, CellSpec, Metrics, NumericsCheck, Provenance, Record
-from ptspeed.staleness import STALE, stale_reason
+from ptspeed.analysis.staleness import STALE, stale_reason
+from ptspeed.cell.record import STATUSES, CellSpec, Metrics, NumericsCheck, Provenance, Record
 
 UNREADABLE = "unreadable"
 MISSING = "missing"
@@ -257,13 +257,13 @@ def load_tables(
     frame (:data:`STEPS_COLUMNS`, one row per measured step of each ``ok`` record).
 
     Train-mode trials then get the late numerics check against their environment's eager cell
-    (:func:`ptspeed.late_numerics.check_late_losses`): a trial that fails it becomes
+    (:func:`ptspeed.analysis.late_numerics.check_late_losses`): a trial that fails it becomes
     ``numerics_mismatch`` and its steps leave the steps frame.
 
     A path with no file gives a row with status ``missing``; a file that cannot be opened, is not
     JSON, or is not a record gives a row with status ``unreadable``; both reasons name the path.
     With ``config`` (the effective config), a record of another cell than the config asks for
-    at its path (:func:`ptspeed.staleness.stale_reason`) gives a row with status ``stale``.
+    at its path (:func:`ptspeed.analysis.staleness.stale_reason`) gives a row with status ``stale``.
     """
     rows, steps = [], []
     for path in map(Path, paths):
@@ -513,8 +513,8 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     path named it.
 
     Throughput statistics use the ``ok`` trials only: the median with its distribution-free
-    interval (:func:`ptspeed.stats.summarise`), minimum, maximum, and ``cv`` (sample standard
-    deviation over the mean, NaN with fewer than two ok trials).
+    interval (:func:`ptspeed.analysis.stats.summarise`), minimum, maximum, and ``cv`` (sample
+    standard deviation over the mean, NaN with fewer than two ok trials).
 
     ``compile_time_s`` is the one-off cost of a variant's first step, as the dynamo benchmark
     harness reports compilation latency: the median first step of its ok trials minus the
@@ -707,10 +707,10 @@ def speedups(
     then, per comparison, one row for each model its claim names that the matrix lacks.
 
     ``speedup`` is the Hodges–Lehmann ratio of the ok trials (the median of the pairwise
-    candidate / baseline throughput ratios, :func:`ptspeed.stats.speedup`); without ``runs`` it
-    is the ratio of the summary's medians; NaN when either side has no ok trial. Published
-    figures come from ``claims`` (the parsed ``claims.yaml``) through the comparison's ``claim``
-    key. Where the summary holds several sizes of one cell, the size set in
+    candidate / baseline throughput ratios, :func:`ptspeed.analysis.stats.speedup`); without
+    ``runs`` it is the ratio of the summary's medians; NaN when either side has no ok trial.
+    Published figures come from ``claims`` (the parsed ``claims.yaml``) through the comparison's
+    ``claim`` key. Where the summary holds several sizes of one cell, the size set in
     the configuration for ``config['device']`` is used, else the largest batch both sides share.
     With ``runs`` (the per-trial records), each speedup gets its exact interval
     (``speedup_low``, ``speedup_high``), the confidence that interval achieves at the trials'

@@ -1,7 +1,7 @@
 """The launcher side of a distributed cell: the torchrun command, and one record from N ranks.
 
-A ddp/fsdp cell runs as ``python -m ptspeed.worker --launch SPEC RESULT``, which becomes
-(``exec``) ``python -m torch.distributed.run ... -m ptspeed.worker --rank SPEC RESULT``. Each
+A ddp/fsdp cell runs as ``python -m ptspeed.launch.worker --launch SPEC RESULT``, which becomes
+(``exec``) ``python -m torch.distributed.run ... -m ptspeed.launch.worker --rank SPEC RESULT``. Each
 rank writes its own outcome (its record and, when it failed, the time it failed) beside RESULT;
 the watchdog then makes the cell's one record with :func:`merged_record`: rank 0's when every
 rank finished, else a failure naming the rank that caused it.
@@ -26,8 +26,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptspeed.provenance import collect_base
-from ptspeed.record import CellSpec, Record, write_atomic
+from ptspeed.cell.provenance import collect_base
+from ptspeed.cell.record import CellSpec, Record, write_atomic
 
 LAUNCH_FLAG = "--launch"
 RANK_FLAG = "--rank"
@@ -70,7 +70,7 @@ def torchrun_command(python: str, world_size: int, worker_arguments: list[str]) 
         "--monitor_interval",
         str(MONITOR_INTERVAL_S),
         "-m",
-        "ptspeed.worker",
+        "ptspeed.launch.worker",
         RANK_FLAG,
         *worker_arguments,
     ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ptspeed.containers import (
+from ptspeed.envs.containers import (
     CA_SECRET_ID,
     ENGINES,
     RECIPE,
@@ -86,7 +86,7 @@ def plan_sif(
     which: Callable[[str], str | None] = shutil.which,
 ) -> SifPlan:
     """How this machine makes the Apptainer images, in the order of preference: docker or
-    podman (``usable``: ptspeed.containers.engine_usable) then Apptainer, else Apptainer
+    podman (``usable``: ptspeed.envs.containers.engine_usable) then Apptainer, else Apptainer
     alone; raises :class:`ContainerConfigError`."""
     if settings["images"] == "pull":
         return SifPlan("registry")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ptspeed.record import process_exists
+from ptspeed.cell.record import process_exists
 
 MARKER_NAME = "ptspeed-env.json"
 INSTALLERS = ("uv", "pip")

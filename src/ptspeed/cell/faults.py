@@ -10,7 +10,7 @@ entry that matches the cell applies. A malformed value is refused (the cell writ
 and an injected fault is always written in the record (``cell.fault``), so a fault can neither
 be set by accident through a config nor pass unnoticed in a table.
 
-Faults (``ptspeed.validate.FAULTS``): ``error``, ``oom`` (a simulated out-of-memory error in the
+Faults (``ptspeed.cell.checks.FAULTS``): ``error``, ``oom`` (a simulated out-of-memory error in the
 first step), ``hang``, ``crash`` (the worker kills itself), ``numerics`` (a wrong output in every
 step), ``grad`` (gradients doubled after every backward pass), ``skip-step`` (the first optimizer
 step skipped), ``late`` (a wrong output only after the checked steps, for the aggregation's check
@@ -23,9 +23,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ptspeed.knobs import BadInput
-from ptspeed.record import CellSpec
-from ptspeed.validate import FAULTS
+from ptspeed.cell.checks import FAULTS
+from ptspeed.cell.knobs import BadInput
+from ptspeed.cell.record import CellSpec
 
 FAULTS_VARIABLE = "PTSPEED_FAULTS"
 OOM_ONCE = "oom-once"

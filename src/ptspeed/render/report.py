@@ -1,9 +1,9 @@
 """The report: the aggregated tables rendered as one self-contained HTML page and Markdown.
 
 The page is a list of :class:`Section` objects, each a title, a short text and blocks: tables of
-already formatted strings, or charts (:mod:`ptspeed.figures`, embedded as PNG data URIs). Both
-templates render any section the same way; the Markdown version carries the tables and names the
-figures. To grow the report, write a function that returns a :class:`Section` and add it to
+already formatted strings, or charts (:mod:`ptspeed.render.figures`, embedded as PNG data URIs).
+Both templates render any section the same way; the Markdown version carries the tables and names
+the figures. To grow the report, write a function that returns a :class:`Section` and add it to
 :data:`SECTION_BUILDERS`.
 
 Every number on the page is a value of the aggregated CSVs passed through one of the
@@ -22,8 +22,8 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from ptspeed import late_numerics, stats
-from ptspeed.aggregate import (
+from ptspeed.analysis import late_numerics, stats
+from ptspeed.analysis.aggregate import (
     ALPHA,
     CONFIDENCE,
     RUNS_COLUMNS,
@@ -32,7 +32,9 @@ from ptspeed.aggregate import (
     SUMMARY_COLUMNS,
     status_counts,
 )
-from ptspeed.figures import (
+from ptspeed.cell.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
+from ptspeed.cell.record import write_atomic
+from ptspeed.render.figures import (
     FIRST_STEP,
     PEAK_MEMORY,
     THROUGHPUT,
@@ -41,10 +43,8 @@ from ptspeed.figures import (
     forest_plot,
     step_time_boxes,
 )
-from ptspeed.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
-from ptspeed.record import write_atomic
 
-REPO_TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "report" / "templates"
+REPO_TEMPLATES_DIR = Path(__file__).resolve().parents[3] / "report" / "templates"
 HTML_TEMPLATE = "index.html.j2"
 MARKDOWN_TEMPLATE = "report.md.j2"
 BLANK = "—"

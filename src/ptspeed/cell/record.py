@@ -167,7 +167,7 @@ class NumericsCheck:
 
     Check steps are the first numerics_steps steps after the knob's one-off work; before each,
     the model, optimizer and random state are copied, and eager fp64 and eager at the variant's
-    precision run one step from that copy (see ptspeed.numerics). Compared: the loss, gradients
+    precision run one step from that copy (see ptspeed.cell.numerics). Compared: the loss, gradients
     and update (train) or the output (infer). Each quantity passes within allowed_errors[q] =
     max(tolerance, 5 x eager's error at the variant's precision, 3 x eager's spread under a
     one-ulp perturbation of the weights and, for variants with their own random numbers,

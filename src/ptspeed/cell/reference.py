@@ -6,7 +6,7 @@ momentum, the GradScaler's scale and the random number generators to the host (a
 :func:`check_numerics` then loads every snapshot into an eager fp64 model and an eager model at
 the variant's precision (fp32 with TF32 off, TF32, or fp16/bf16 autocast) and runs one step
 from it, so the comparison never carries the drift of earlier steps (see
-:mod:`ptspeed.numerics`). Reference models run after the variant's model is freed.
+:mod:`ptspeed.cell.numerics`). Reference models run after the variant's model is freed.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from ptspeed import numerics
-from ptspeed.knobs import Knobs
+from ptspeed.cell import numerics
+from ptspeed.cell.knobs import Knobs
+from ptspeed.cell.record import CellSpec, NumericsCheck
+from ptspeed.cell.steps import Step, build_model, make_step, release_memory, to_device
 from ptspeed.models import Batch, ModelSpec, Sizes
-from ptspeed.record import CellSpec, NumericsCheck
-from ptspeed.steps import Step, build_model, make_step, release_memory, to_device
 
 # An output is compared on this many elements, evenly strided over it: bounded memory on the
 # host however large the logits (GPT-2 at 64 x 128 has 412 M of them).

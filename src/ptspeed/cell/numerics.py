@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ptspeed.record import NumericsCheck
+from ptspeed.cell.record import NumericsCheck
 
 TOLERANCES = {"fp32": 5e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 5e-2}
 EAGER_ERROR_MULTIPLIER = 5.0

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ptspeed.knobs import parse_knobs
-from ptspeed.matrix import ConfigError
+from ptspeed.cell.knobs import parse_knobs
+from ptspeed.plan.matrix import ConfigError
 
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
 COUNT_VARIABLE = "PTSPEED_GPU_COUNT"

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ptspeed.gpus import ASSIGNMENT_VARIABLE
-from ptspeed.record import Provenance
+from ptspeed.cell.record import Provenance
+from ptspeed.launch.gpus import ASSIGNMENT_VARIABLE
 
 PACKAGES = ("torch", "torchvision", "transformers", "numpy", "triton", "pytorch-triton")
 # Environment variables that change how the caching allocators behave.
@@ -27,7 +27,7 @@ ALLOCATOR_VARIABLES = (
     "PYTORCH_CUDA_ALLOC_SYNC",
 )
 GPU_STATE_QUERY = "clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
-# Set by the workflow's container runtimes (ptspeed.containers): the image and its digest, and
+# Set by the workflow's container runtimes (ptspeed.envs.containers): the image and its digest, and
 # the commit of the mounted checkout (an image has no git to ask).
 CONTAINER_IMAGE_VARIABLE = "PTSPEED_CONTAINER_IMAGE"
 CONTAINER_DIGEST_VARIABLE = "PTSPEED_CONTAINER_DIGEST"

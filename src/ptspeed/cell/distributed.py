@@ -1,6 +1,6 @@
-"""One process (rank) of a ddp/fsdp cell, started by torchrun (see :mod:`ptspeed.torchrun`).
+"""One process (rank) of a ddp/fsdp cell, started by torchrun (see :mod:`ptspeed.launch.torchrun`).
 
-Each rank runs the ordinary harness (:func:`ptspeed.harness.run_cell`) with a :class:`Rank`
+Each rank runs the ordinary harness (:func:`ptspeed.cell.harness.run_cell`) with a :class:`Rank`
 placement: device ``cuda:LOCAL_RANK`` with NCCL, or the CPU with gloo and its share of the
 cell's threads; the model wrapped in DistributedDataParallel or FullyShardedDataParallel after
 its FLOPs are counted; a barrier before the first step and before the measured loop; and the
@@ -26,11 +26,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ptspeed.harness import SingleProcess, Unsupported, resolve_device, run_cell
-from ptspeed.knobs import Knobs, parse_knobs
-from ptspeed.record import CellSpec, Metrics
-from ptspeed.reference import host_copy
-from ptspeed.torchrun import FINISHED, threads_per_process, write_rank_outcome
+from ptspeed.cell.harness import SingleProcess, Unsupported, resolve_device, run_cell
+from ptspeed.cell.knobs import Knobs, parse_knobs
+from ptspeed.cell.record import CellSpec, Metrics
+from ptspeed.cell.reference import host_copy
+from ptspeed.launch.torchrun import FINISHED, threads_per_process, write_rank_outcome
 
 RANK_FAULT_PREFIX = "rank-"
 

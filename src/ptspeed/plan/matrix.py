@@ -13,10 +13,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ptspeed.knobs import BadInput, parse_knobs
+from ptspeed.cell.checks import check_cell
+from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.record import CellSpec
 from ptspeed.models import REGISTRY, Sizes, check_sizes
-from ptspeed.record import CellSpec
-from ptspeed.validate import check_cell
 
 DEVICE_CLASSES = ("cpu", "cuda")
 MINUTES_OF_SLACK = 5

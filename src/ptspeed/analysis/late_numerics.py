@@ -37,7 +37,7 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import BadInput, parse_knobs
 
 NUMERICS_MISMATCH = "numerics_mismatch"
 REFERENCE_KNOBS = "eager"

@@ -10,7 +10,7 @@ Snakemake's ``config``. It checks, in this order, and stops at the first problem
    would also accept a trailing newline), and an integer is never a float or a boolean;
 4. the paths: ``results`` and ``env_cache`` stay inside the project or go to an absolute
    directory that is not the system's, requirement lock files exist under ``envs/``;
-5. the cross-references of :func:`ptspeed.matrix.check_config` (models, knobs, comparisons,
+5. the cross-references of :func:`ptspeed.plan.matrix.check_config` (models, knobs, comparisons,
    steps, and every cell against the cell command's own check) and each comparison's
    ``claim`` against the groups of ``config/claims.yaml``.
 
@@ -35,11 +35,11 @@ import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 from jsonschema.exceptions import best_match
 
-from ptspeed.matrix import ConfigError, check_config
+from ptspeed.plan.matrix import ConfigError, check_config
 
 __all__ = ["ConfigError", "prepare_config", "schema_errors"]
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
+PROJECT_DIR = Path(__file__).resolve().parents[3]
 SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
 # The published figures the report checks (rules aggregate and report read the same file).
 CLAIMS_FILE = Path("config") / "claims.yaml"

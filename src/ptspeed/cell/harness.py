@@ -6,7 +6,7 @@ the same way in every torch version; warm up (the first step, which holds compil
 on its own; then the knob's one-off calls, the check steps and any step that still compiles,
 all before the measured window); time the measured steps; count FLOPs on a meta-device copy;
 then run eager fp64 and fp32 steps from the check steps' snapshots and judge the variant
-(:mod:`ptspeed.reference`, :mod:`ptspeed.numerics`). Any exception becomes a record with a
+(:mod:`ptspeed.cell.reference`, :mod:`ptspeed.cell.numerics`). Any exception becomes a record with a
 status, never a crash.
 """
 
@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 
-from ptspeed import numerics
-from ptspeed.knobs import Knobs, parse_knobs, unsupported_reason
+from ptspeed.cell import numerics
+from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_reason
+from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
+from ptspeed.cell.record import CellSpec, Metrics, Record, utc_now
+from ptspeed.cell.reference import CheckCapture, Snapshot, check_numerics, host_copy
+from ptspeed.cell.steps import batch_supplier, build_model, make_step, release_memory, to_device
+from ptspeed.cell.timing import CpuTimer, make_timer, timed_loop
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
-from ptspeed.provenance import collect, collect_base, note_backend_settings, python_version
-from ptspeed.record import CellSpec, Metrics, Record, utc_now
-from ptspeed.reference import CheckCapture, Snapshot, check_numerics, host_copy
-from ptspeed.steps import batch_supplier, build_model, make_step, release_memory, to_device
-from ptspeed.timing import CpuTimer, make_timer, timed_loop
 
 WRONG_OUTPUT_SCALE = 1.1
 # A warm-up step that still compiled is followed by more, at most this many beyond the plan.
@@ -58,7 +58,7 @@ class VariantRun:
 
 
 class SingleProcess:
-    """How the cell takes part: alone in this process. :class:`ptspeed.distributed.Rank` is
+    """How the cell takes part: alone in this process. :class:`ptspeed.cell.distributed.Rank` is
     the same interface for one process of a ddp/fsdp cell."""
 
     reports = True  # whether this process checks numerics (rank 0 only)
@@ -78,7 +78,9 @@ class SingleProcess:
         """The model to step and the knobs still to apply to it (see steps.make_step);
         ``blocks``: class names of the model's repeated blocks (units of FSDP)."""
         if knobs.parallel:
-            raise RuntimeError(f"{knobs.parallel} runs under torchrun (ptspeed.runner), not alone")
+            raise RuntimeError(
+                f"{knobs.parallel} runs under torchrun (ptspeed.launch.watchdog), not alone"
+            )
         return model, knobs
 
     def barrier(self) -> None:

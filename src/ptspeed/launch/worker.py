@@ -1,8 +1,9 @@
-"""The worker process of one cell: ``python -m ptspeed.worker SPEC_JSON RESULT_PATH``.
+"""The worker process of one cell: ``python -m ptspeed.launch.worker SPEC_JSON RESULT_PATH``.
 
-Started by :mod:`ptspeed.runner`, never by hand. It writes the record to RESULT_PATH.
+Started by :mod:`ptspeed.launch.watchdog`, never by hand. It writes the record to RESULT_PATH.
 A ddp/fsdp cell starts as ``--launch``, which becomes torchrun, which starts the ranks as
-``--rank`` (see :mod:`ptspeed.torchrun`); each rank writes its own outcome beside RESULT_PATH.
+``--rank`` (see :mod:`ptspeed.launch.torchrun`); each rank writes its own outcome beside
+RESULT_PATH.
 """
 
 from __future__ import annotations
@@ -35,17 +36,17 @@ def die_with_parent() -> None:
 
 def main(argv: list[str]) -> int:
     die_with_parent()
-    from ptspeed.record import CellSpec
-    from ptspeed.torchrun import LAUNCH_FLAG, RANK_FLAG
+    from ptspeed.cell.record import CellSpec
+    from ptspeed.launch.torchrun import LAUNCH_FLAG, RANK_FLAG
 
     if argv[0] == LAUNCH_FLAG:
         launch_torchrun(argv[1:])
     if argv[0] == RANK_FLAG:
-        from ptspeed.distributed import run_rank
+        from ptspeed.cell.distributed import run_rank
 
         return run_rank(CellSpec(**json.loads(argv[1])), Path(argv[2]))
-    from ptspeed.harness import run_cell
-    from ptspeed.record import write_record
+    from ptspeed.cell.harness import run_cell
+    from ptspeed.cell.record import write_record
 
     write_record(run_cell(CellSpec(**json.loads(argv[0]))), argv[1])
     return 0
@@ -54,8 +55,8 @@ def main(argv: list[str]) -> int:
 def launch_torchrun(argv: list[str]) -> NoReturn:
     """Become torchrun (exec: same pid, so the watchdog's kill and our PR_SET_PDEATHSIG still
     apply), with the ranks' parent check pointed at it."""
-    from ptspeed.knobs import parse_knobs
-    from ptspeed.torchrun import threads_per_process, torchrun_command
+    from ptspeed.cell.knobs import parse_knobs
+    from ptspeed.launch.torchrun import threads_per_process, torchrun_command
 
     spec = json.loads(argv[0])
     world_size = parse_knobs(spec["knobs"]).world_size

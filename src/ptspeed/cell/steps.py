@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ptspeed.knobs import Knobs
+from ptspeed.cell.knobs import Knobs
 from ptspeed.models import Batch, ModelSpec, Sizes
 
 LEARNING_RATE = 1e-3

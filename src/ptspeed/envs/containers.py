@@ -25,13 +25,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptspeed.envbuild import find_uv
-from ptspeed.gpus import COUNT_VARIABLE, VISIBLE_DEVICES_VARIABLE
-from ptspeed.provenance import (
+from ptspeed.cell.provenance import (
     CONTAINER_DIGEST_VARIABLE,
     CONTAINER_IMAGE_VARIABLE,
     GIT_COMMIT_VARIABLE,
 )
+from ptspeed.envs.venvs import find_uv
+from ptspeed.launch.gpus import COUNT_VARIABLE, VISIBLE_DEVICES_VARIABLE
 
 ENGINES = ("docker", "podman")
 RUNTIMES = ("apptainer", *ENGINES)
