@@ -10,7 +10,7 @@ rule effective_config:
     conda:
         "../../envs/workflow.yaml"
     params:
-        config=effective_config_json(),
+        config=effective_config_json(config, DEVICE_CLASS),
     shell:
         "printf '%s\\n' {params.config:q} > {output:q} 2> {log:q}"
 

@@ -12,7 +12,7 @@ include: "common_images.smk"
 
 rule images:
     input:
-        images_targets(),
+        IMAGES.targets(),
     localrule: True
 
 

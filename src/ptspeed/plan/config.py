@@ -37,7 +37,7 @@ from jsonschema.exceptions import best_match
 
 from ptspeed.plan.matrix import ConfigError, check_config
 
-__all__ = ["ConfigError", "prepare_config", "schema_errors"]
+__all__ = ["ConfigError", "effective_config_json", "prepare_config", "schema_errors"]
 
 PROJECT_DIR = Path(__file__).resolve().parents[3]
 SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
@@ -100,6 +100,12 @@ def prepare_config(
     except ConfigError as exc:
         raise ConfigError(one_line(str(exc))) from None
     return device_class
+
+
+def effective_config_json(config: Mapping[str, Any], device_class: str) -> str:
+    """The config as the cells saw it, with device auto resolved to the class used (in the
+    config's order: comparisons as listed)."""
+    return json.dumps({**config, "device": device_class})
 
 
 def _check_claims(config: Mapping[str, Any], claims_path: Path) -> None:
