@@ -21,7 +21,8 @@ rule cell:
     threads: cell_threads()
     resources:
         **SLURM_RESOURCES,
-        gpu=cell_gpus,
+        # A constant where it can be: Snakemake calls a function once per job.
+        gpu=cell_gpus if DEVICE_CLASS == "cuda" else 0,
         runtime=runtime_minutes(config),
         mem_mb=config["mem_mb"],
         cpus_per_task=cell_cpus,

@@ -153,9 +153,12 @@ def cell_arguments(wildcards, threads):
     return " ".join(shlex.quote(a) for a in cell_options(spec, config["oom_retry"]))
 
 
+COMPILED_VARIANTS = {v for v in config["variants"] if variant_compiles(config, v)}
+
+
 def first_trial_record(wildcards):
     """A compiled cell's later trials wait for trial 0, so that they find its compiler cache."""
-    if not variant_compiles(config, wildcards.variant) or int(wildcards.trial) == 0:
+    if wildcards.variant not in COMPILED_VARIANTS or int(wildcards.trial) == 0:
         return []
     return rules.cell.output.record.format(**{**dict(wildcards.items()), "trial": 0})
 
@@ -186,9 +189,7 @@ def trial_priority(wildcards):
 
 
 def cell_gpus(wildcards):
-    """GPUs a cell requests: its processes (procs= of ddp/fsdp, else 1) on CUDA. Which GPUs
-    it gets on the node is decided by the cell itself (ptspeed.launch.gpus): Snakemake only counts.
-    """
-    if DEVICE_CLASS != "cuda":
-        return 0
+    """GPUs a CUDA cell requests (none on the CPU, a constant there): its processes (procs= of
+    ddp/fsdp, else 1). Which GPUs it gets on the node is decided by the cell itself
+    (ptspeed.launch.gpus): Snakemake only counts."""
     return parse_knobs(config["variants"][wildcards.variant]).world_size
