@@ -28,7 +28,6 @@ from ptspeed.analysis.aggregate import (
     SPEEDUP_COLUMNS,
     STEPS_COLUMNS,
     SUMMARY_COLUMNS,
-    ConfigError,
     cell_from_path,
     coefficient_of_variation,
     load_records,
@@ -39,6 +38,7 @@ from ptspeed.analysis.aggregate import (
     verdict,
 )
 from ptspeed.cell.record import write_record
+from ptspeed.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

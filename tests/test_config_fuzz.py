@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from ptspeed.cell.checks import check_cell
 from ptspeed.cli import parse_cell_options
+from ptspeed.errors import ConfigError
 from ptspeed.plan.config import (
     MAX_MESSAGE_CHARS,
     SCHEMA_PATH,
-    ConfigError,
     key_path,
     prepare_config,
 )

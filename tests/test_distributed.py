@@ -26,9 +26,10 @@ import yaml
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import Rank
 from ptspeed.cell.harness import run_cell
-from ptspeed.cell.knobs import BadInput, parse_knobs, unsupported_reason
+from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec, Record
 from ptspeed.envs.venvs import build_venv, venv_python
+from ptspeed.errors import BadInput
 from ptspeed.launch.torchrun import (
     launcher_failures,
     merged_record,

@@ -42,9 +42,9 @@ from helpers import (
 from ptspeed.analysis import aggregate
 from ptspeed.analysis.staleness import stale_reason
 from ptspeed.cell.faults import FAULTS_VARIABLE, fault_from_environment, parse_faults
-from ptspeed.cell.knobs import BadInput
 from ptspeed.cell.record import CellSpec, read_record, write_record
-from ptspeed.plan.runlock import LOCK_NAME, ResultsInUse, hold_results_lock
+from ptspeed.errors import BadInput, ResultsInUse
+from ptspeed.plan.runlock import LOCK_NAME, hold_results_lock
 from ptspeed.render import report
 
 SRC = ROOT / "src"

@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from ptspeed.errors import ConfigError, GpuRequestError
 from ptspeed.launch.gpus import (
     GpuPool,
-    GpuRequestError,
     check_variant_gpus,
     claim_gpus,
     gpu_environment,
     lock_dir,
     node_pool,
 )
-from ptspeed.plan.matrix import ConfigError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from ptspeed.errors import ConfigError
 from ptspeed.models import Sizes
 from ptspeed.plan.matrix import (
     Cell,
-    ConfigError,
     cells,
     check_config,
     env_variant_pairs,

@@ -26,10 +26,11 @@ from typing import NoReturn
 from ptspeed.cell import knobs as knobs_module
 from ptspeed.cell.checks import DEVICES, FAULTS, MODES, check_cell
 from ptspeed.cell.faults import FAULTS_VARIABLE, fault_from_environment, fault_of_attempt
-from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.provenance import collect_base
-from ptspeed.cell.record import CellSpec, Record, WriteFailed, json_schema, utc_now, write_record
-from ptspeed.launch.gpus import GpuRequestError, gpu_environment
+from ptspeed.cell.record import CellSpec, Record, json_schema, utc_now, write_record
+from ptspeed.errors import BadInput, GpuRequestError, WriteFailed
+from ptspeed.launch.gpus import gpu_environment
 from ptspeed.models import REGISTRY
 
 EXIT_NOT_WRITTEN = 1

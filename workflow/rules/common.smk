@@ -22,7 +22,6 @@ from ptspeed.plan.cluster import (
 from ptspeed.plan.config import prepare_config
 from ptspeed.envs.containers import (
     ENGINES,
-    ContainerConfigError,
     check_container_config,
     container_settings,
     engine_for_images,
@@ -35,7 +34,6 @@ from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.knobs import parse_knobs
 from ptspeed.plan.matrix import (
     Cell,
-    ConfigError,
     cell_options,
     cell_spec,
     cells,
@@ -43,6 +41,7 @@ from ptspeed.plan.matrix import (
     variant_compiles,
 )
 from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
+from ptspeed.errors import ConfigError
 
 
 def detect_device_class(requested):
@@ -134,7 +133,7 @@ IN_APPTAINER = in_apptainer()
 if workflow.is_main_process:
     try:
         check_container_config(config, IN_APPTAINER)
-    except ContainerConfigError as exc:
+    except ConfigError as exc:
         raise WorkflowError(f"config: {exc}") from None
 CONTAINERS = container_settings(config)
 IMAGE_ENGINE = engine_for_images(CONTAINERS, engine_usable)

@@ -44,6 +44,7 @@ from ptspeed.analysis.late_numerics import (
 )
 from ptspeed.analysis.staleness import STALE, stale_reason
 from ptspeed.cell.record import STATUSES, CellSpec, Metrics, NumericsCheck, Provenance, Record
+from ptspeed.errors import ConfigError
 
 UNREADABLE = "unreadable"
 MISSING = "missing"
@@ -241,10 +242,6 @@ TEXT_COLUMNS = sorted({*_TEXT_COLUMNS, *SUMMARY_TEXT_COLUMNS, *SPEEDUP_TEXT_COLU
 
 class RecordError(ValueError):
     """A file that exists but is not a cell record."""
-
-
-class ConfigError(ValueError):
-    """A configuration without the keys aggregation needs."""
 
 
 # --- runs and steps ------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from ptspeed.errors import WriteFailed
+
 # 2: the numerics check's snapshot comparison (loss, gradients, update; eager_error and
 # eager_spread_error replace eager_fp32_error and eager_reseeded_error), warm-up and compiler
 # cache metrics, the settings in force in provenance.
@@ -332,11 +334,6 @@ def _from_dict(cls: type, data: dict[str, Any]) -> Any:
 def utc_now() -> str:
     """The current UTC time as the records write it (ISO 8601, seconds)."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-class WriteFailed(OSError):
-    """A file could not be written whole (a full disk, a read-only directory, a quota); no part
-    of it was left behind. The message names the file and the system's reason."""
 
 
 # The temporary file of an atomic write: a dot-file beside its target, named after the target,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptspeed.cell.knobs import BadInput
+from ptspeed.errors import BadInput
 
 Batch = dict[str, Any]
 

@@ -14,16 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptspeed.cell.checks import check_cell
-from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import CellSpec
+from ptspeed.errors import BadInput, ConfigError
 from ptspeed.models import REGISTRY, Sizes, check_sizes
 
 DEVICE_CLASSES = ("cpu", "cuda")
 MINUTES_OF_SLACK = 5
-
-
-class ConfigError(ValueError):
-    """The config cannot be run; the message names the key."""
 
 
 @dataclass(frozen=True)
