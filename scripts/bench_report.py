@@ -25,6 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from ptspeed.plan.layout import DEFAULT_SIZES, Cell, size_label
+
 GOAL_S = 15.0
 ENVS = ["torch-1.13", "torch-2.0", "torch-2.1", "torch-2.4", "torch-2.14"]
 VARIANTS = {
@@ -189,8 +191,9 @@ def write_records(root: Path, count: int) -> list[Path]:
     paths = []
     for index, cell in enumerate(cells(count)):
         env, variant, model, mode, batch, trial = cell
-        size = f"b{batch}-i224" if MODELS[model][0] else f"b{batch}-s128"
-        path = root / "records" / env / model / variant / mode / size / f"trial{trial}.json"
+        used = ("image_size",) if MODELS[model][0] else ("seq_len",)
+        size = size_label({"batch_size": batch, **DEFAULT_SIZES}, used)
+        path = root / Cell(env, model, variant, mode, size, trial).path
         paths.append(path)
         if index % MISSING_EVERY == MISSING_EVERY - 1:
             continue  # listed but never written: the report must name it

@@ -28,7 +28,6 @@ from ptspeed.analysis.aggregate import (
     SPEEDUP_COLUMNS,
     STEPS_COLUMNS,
     SUMMARY_COLUMNS,
-    cell_from_path,
     coefficient_of_variation,
     load_records,
     load_tables,
@@ -155,33 +154,6 @@ def test_unreadable_file_is_not_missing(tmp_path: Path) -> None:
     row = load_records([directory]).iloc[0]
     assert row["status"] == "unreadable"
     assert str(directory) in row["reason"]
-
-
-WORKFLOW_PATH = "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial3.json"
-
-
-@pytest.mark.parametrize(
-    ("path", "cell"),
-    [
-        (
-            WORKFLOW_PATH,
-            {"env": "torch-2.0", "model": "gpt2", "variant": "compile", "mode": "train",
-             "trial": 3, "batch_size": 2, "image_size": 224, "seq_len": 64},
-        ),
-        (
-            "/x/records/host/resnet50/eager/infer/b8-i96/trial0.json",
-            {"env": "host", "model": "resnet50", "variant": "eager", "mode": "infer",
-             "trial": 0, "batch_size": 8, "image_size": 96, "seq_len": 128},
-        ),
-        ("records/m/v/train/b8/trial0.json", {}),  # too short: no env
-        ("x/records/e/m/v/train/8/trial0.json", {}),
-        ("x/records/e/m/v/train/b8-q1/trial0.json", {}),
-        ("x/records/e/m/v/train/b8/trialX.json", {}),
-        ("x/other/e/m/v/train/b8/trial0.json", {}),
-    ],
-)  # fmt: skip
-def test_cell_from_path_reads_the_workflow_layout(path: str, cell: dict[str, Any]) -> None:
-    assert cell_from_path(path) == cell
 
 
 def test_missing_and_unreadable_records_count_as_trials_of_their_cell(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from ptspeed.analysis.staleness import stale_reason
 from ptspeed.cell.faults import FAULTS_VARIABLE, fault_from_environment, parse_faults
 from ptspeed.cell.record import CellSpec, read_record, write_record
 from ptspeed.errors import BadInput, ResultsInUse
+from ptspeed.plan.layout import cell_from_path
 from ptspeed.plan.runlock import LOCK_NAME, hold_results_lock
 from ptspeed.render import report
 
@@ -386,7 +387,7 @@ def host_cell(**changes: Any) -> dict[str, Any]:
     return {**cell.__dict__, **changes}
 
 
-PATH_CELL = aggregate.cell_from_path("r/records/host/mlp/eager/train/b16/trial0.json")
+PATH_CELL = cell_from_path("r/records/host/mlp/eager/train/b16/trial0.json")
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,11 @@ import pytest
 from ptspeed.errors import ConfigError
 from ptspeed.models import Sizes
 from ptspeed.plan.matrix import (
-    Cell,
     cells,
     check_config,
     env_variant_pairs,
     model_sizes,
     runtime_minutes,
-    size_label,
 )
 
 BASE: dict[str, Any] = {
@@ -98,29 +96,6 @@ def test_cells_use_the_size_table_of_the_device_class(config: dict[str, Any]) ->
     config["models"] = {"mlp": config["models"]["mlp"]}
     assert {cell.size for cell in cells(config, "cpu")} == {"b32"}
     assert {cell.size for cell in cells(config, "cuda")} == {"b256"}
-
-
-def test_cell_path_names_every_coordinate() -> None:
-    cell = Cell("torch-2.0", "gpt2", "compile", "infer", "b2-s64", 4)
-    assert cell.path == "records/torch-2.0/gpt2/compile/infer/b2-s64/trial4.json"
-
-
-# --- sizes ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("model", "sizes", "label"),
-    [
-        ("mlp", Sizes(batch_size=32, image_size=96, seq_len=7), "b32"),
-        ("resnet50", Sizes(batch_size=8, image_size=96), "b8-i96"),
-        ("bert-base", Sizes(batch_size=4, seq_len=64), "b4-s64"),
-        ("lstm-lm", Sizes(batch_size=2, seq_len=4), "b2-s4"),
-    ],
-)
-def test_size_label_names_only_the_sizes_the_model_uses(
-    model: str, sizes: Sizes, label: str
-) -> None:
-    assert size_label(model, sizes) == label
 
 
 def test_model_sizes_fill_unset_sizes_with_the_defaults(config: dict[str, Any]) -> None:

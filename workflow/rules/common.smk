@@ -1,7 +1,6 @@
 import functools
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -32,8 +31,8 @@ from ptspeed.envs.containers import (
 from ptspeed.envs.venvs import venv_dir
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.knobs import parse_knobs
+from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, Cell, wildcard_constraints
 from ptspeed.plan.matrix import (
-    Cell,
     cell_options,
     cell_spec,
     cells,
@@ -66,7 +65,6 @@ RESULTS = config["results"]
 ENV_CACHE = Path(config["env_cache"]).expanduser().resolve()
 ENVIRONMENTS = config["environments"]
 CELLS = list(cells(config, DEVICE_CLASS))
-NAME = r"[a-z0-9][a-z0-9._-]*"
 HOST_PYTHON = shlex.quote(sys.executable)
 
 
@@ -105,12 +103,7 @@ SLURM_RESOURCES = slurm_resources(config["cluster"])
 
 
 wildcard_constraints:
-    env="|".join(map(re.escape, ENVIRONMENTS)),
-    model=NAME,
-    variant=NAME,
-    mode="train|infer",
-    size=r"b[0-9]+(-i[0-9]+)?(-s[0-9]+)?",
-    trial=r"[0-9]+",
+    **wildcard_constraints(ENVIRONMENTS),
 
 
 def record_paths(wildcards):

@@ -45,6 +45,7 @@ from ptspeed.analysis.late_numerics import (
 from ptspeed.analysis.staleness import STALE, stale_reason
 from ptspeed.cell.record import STATUSES, CellSpec, Metrics, NumericsCheck, Provenance, Record
 from ptspeed.errors import ConfigError
+from ptspeed.plan.layout import SIZE_KEYS, cell_from_path, configured_sizes
 
 UNREADABLE = "unreadable"
 MISSING = "missing"
@@ -106,7 +107,6 @@ RUNS_COLUMNS = [
 ]
 
 CELL_KEYS = ["env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
-SIZE_KEYS = ["batch_size", "image_size", "seq_len"]
 STEPS_COLUMNS = [*CELL_KEYS, "trial", "step", "step_time_s"]
 SUMMARY_COLUMNS = [
     *CELL_KEYS,
@@ -321,35 +321,6 @@ def _stand_in_row(path: Path, status: str, reason: str) -> dict[str, Any]:
 def _recorded_loss(metrics: Mapping[str, Any]) -> Any:
     """The last loss as recorded: a non-finite one is written as its text ('nan', 'inf')."""
     return metrics.get("non_finite_loss") or metrics.get("loss_last")
-
-
-def cell_from_path(path: str | Path) -> dict[str, Any]:
-    """The cell a record path names in the workflow's layout, else ``{}``:
-    ``.../records/<env>/<model>/<variant>/<mode>/b<B>[-i<I>][-s<S>]/trial<N>.json``.
-    Sizes a label leaves out take the record's defaults, as the cell itself does."""
-    parts = Path(path).parts
-    if len(parts) < 7 or parts[-7] != "records":
-        return {}
-    env, model, variant, mode, size, name = parts[-6:]
-    sizes = _sizes_of_label(size)
-    if sizes is None or not (name.startswith("trial") and name.endswith(".json")):
-        return {}
-    trial = name[len("trial") : -len(".json")]
-    if not trial.isdigit():
-        return {}
-    cell = {"env": env, "model": model, "variant": variant, "mode": mode, "trial": int(trial)}
-    return {**cell, **sizes}
-
-
-def _sizes_of_label(label: str) -> dict[str, int] | None:
-    prefixes = {"b": "batch_size", "i": "image_size", "s": "seq_len"}
-    sizes = {"image_size": _CELL_DEFAULTS["image_size"], "seq_len": _CELL_DEFAULTS["seq_len"]}
-    for part in label.split("-"):
-        key = prefixes.get(part[:1])
-        if key is None or not part[1:].isdigit():
-            return None
-        sizes[key] = int(part[1:])
-    return sizes if "batch_size" in sizes else None
 
 
 def _parse_record(path: Path) -> dict[str, Any]:
@@ -786,7 +757,8 @@ def _speedup_row(
     base_spec, cand_spec = comparison["baseline"], comparison["candidate"]
     base_rows = index.cells.get((base_spec["env"], base_spec["variant"], model, mode), [])
     cand_rows = index.cells.get((cand_spec["env"], cand_spec["variant"], model, mode), [])
-    size = _chosen_size(base_rows, cand_rows, _configured_size(config, model))
+    configured = configured_sizes(config, model, config.get("device")) or {}
+    size = _chosen_size(base_rows, cand_rows, configured)
     base, cand = _at_size(base_rows, size), _at_size(cand_rows, size)
     row = {
         **_comparison_fields(name, comparison, claims, model),
@@ -897,17 +869,6 @@ def _measured_on(base: _Side | None, cand: _Side | None) -> dict[str, str]:
         "measured_device": ", ".join(devices),
         "measured_precision": precisions[0] if same else " → ".join(precisions),
     }
-
-
-def _configured_size(config: Mapping[str, Any], model: str) -> dict[str, Any]:
-    """The sizes the configuration sets for ``model`` on its resolved device ({} if unresolved)."""
-    sizes = config["models"][model] if isinstance(config["models"], Mapping) else None
-    if not isinstance(sizes, Mapping):
-        return {}
-    if "batch_size" in sizes:
-        return dict(sizes)
-    device_sizes = sizes.get(config.get("device", ""))
-    return dict(device_sizes) if isinstance(device_sizes, Mapping) else {}
 
 
 def _size_of(row: Mapping[str, Any]) -> tuple[int, ...] | None:

@@ -27,6 +27,7 @@ import pandas as pd
 
 from ptspeed.analysis import stats
 from ptspeed.analysis.aggregate import ALPHA, CELL_KEYS, CONFIDENCE, read_table, status_counts
+from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, size_label
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
 DEFAULT_THRESHOLD = 0.05
@@ -242,11 +243,8 @@ def display_rows(compared: pd.DataFrame) -> list[list[str]]:
 
 
 def cell_label(row: Mapping[str, Any]) -> str:
-    sizes = "-".join(
-        f"{letter}{_integer(row[key])}"
-        for letter, key in (("b", "batch_size"), ("i", "image_size"), ("s", "seq_len"))
-    )
-    return f"{row['env']}/{row['model']}/{row['variant']}/{row['mode']}/{sizes}"
+    place = {key: row[key] for key in ("env", "model", "variant", "mode")}
+    return PLACE_PATTERN.format(**place, size=size_label({k: _integer(row[k]) for k in SIZE_KEYS}))
 
 
 def _integer(value: Any) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptspeed.errors import BadInput
+from ptspeed.plan.layout import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
 
 Batch = dict[str, Any]
 
@@ -23,8 +24,8 @@ Batch = dict[str, Any]
 @dataclass(frozen=True)
 class Sizes:
     batch_size: int
-    image_size: int = 224
-    seq_len: int = 128
+    image_size: int = DEFAULT_IMAGE_SIZE
+    seq_len: int = DEFAULT_SEQ_LEN
 
 
 @dataclass(frozen=True)
