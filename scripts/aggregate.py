@@ -23,7 +23,7 @@ from ptspeed.analysis.aggregate import (
     read_mapping,
     records_listed_in,
     speedups,
-    summarise,
+    summary_table,
 )
 from ptspeed.cell.record import write_atomic
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             *(records_listed_in(args.records_from) if args.records_from else []),
         ]
         runs, steps = load_tables(paths, config)
-        summary = summarise(runs)
+        summary = summary_table(runs)
         comparisons = speedups(summary, config, claims, runs)
         out_dir = Path(args.out_dir)
         write_csv(runs, out_dir / "runs.csv")

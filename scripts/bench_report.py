@@ -216,7 +216,7 @@ def run(root: Path, paths: list[Path]) -> list[tuple[str, float]]:
     modules = timed(stages, "import", _import)
     aggregate, report, write_atomic = modules
     runs, steps = timed(stages, "load records", lambda: aggregate.load_tables(paths))
-    summary = timed(stages, "summarise", lambda: aggregate.summarise(runs))
+    summary = timed(stages, "summarise", lambda: aggregate.summary_table(runs))
     speedups = timed(
         stages, "speedups", lambda: aggregate.speedups(summary, config(), CLAIMS, runs)
     )

@@ -332,7 +332,7 @@ def test_records_of_an_older_config_are_stale_not_counted(
     assert "knobs 'eager', the config's 'eager+channels_last'" in reason
     assert "measured_steps 2, the config's 3" in reason
     assert reason.endswith("it recorded status ok")
-    summary = aggregate.summarise(runs)
+    summary = aggregate.summary_table(runs)
     assert set(summary["ok_trials"]) == {0}
     assert set(summary["statuses"]) == {"stale:2"}
     report.render(

@@ -36,7 +36,7 @@ from ptspeed.analysis.aggregate import (
     load_tables,
     read_table,
     speedups,
-    summarise,
+    summary_table,
 )
 from ptspeed.analysis.late_numerics import LATE_TOLERANCES
 from ptspeed.cell.numerics import TOLERANCES
@@ -347,7 +347,7 @@ def test_environments_come_from_the_records(markdown: str, html: str) -> None:
 
 def sections_of(paths: list[Path], config: dict[str, Any] | None = None) -> dict[str, Any]:
     runs, steps = load_tables(paths)
-    summary = summarise(runs)
+    summary = summary_table(runs)
     inputs = report.ReportInputs(runs, summary, speedups(summary, CONFIG, CLAIMS, runs),
                                  config or CONFIG, CLAIMS, steps)  # fmt: skip
     return {s.id: s for s in report.build_sections(inputs)}

@@ -8,7 +8,7 @@
   (:mod:`ptspeed.analysis.late_numerics`): a last loss that strays from the same environment's eager
   cell makes the trial ``numerics_mismatch``. Where the path follows the workflow's layout
   (``records/<env>/<model>/<variant>/<mode>/<size>/trial<N>.json``) such rows carry the cell.
-* :func:`summarise` groups the runs by cell (environment, model, variant, mode, sizes) and gives
+* :func:`summary_table` groups the runs by cell (environment, model, variant, mode, sizes) and gives
   trial counts, the median throughput of the ``ok`` trials with its confidence interval, and a
   noise flag with its reason.
 * :func:`speedups` pairs the summary rows each configured comparison needs, gives each speedup
@@ -475,7 +475,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
 # --- summary -------------------------------------------------------------------------------------
 
 
-def summarise(runs: pd.DataFrame) -> pd.DataFrame:
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per cell (:data:`CELL_KEYS`) of the runs whose cell is known; columns
     :data:`SUMMARY_COLUMNS`. Missing and unreadable rows count as trials of their cell where the
     path named it.
@@ -685,7 +685,7 @@ def speedups(
     n (``speedup_confidence``: below 0.95 where too few trials reach 0.95) and a Mann-Whitney
     p-value, and claims get a verdict.
     """
-    check_config(config)
+    check_speedup_config(config)
     claims = claims or {}
     index = _Index(_summary_index(summary), _side_index(runs) if runs is not None else None)
     rows = []
@@ -697,7 +697,7 @@ def speedups(
     return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
 
 
-def check_config(config: Mapping[str, Any]) -> None:
+def check_speedup_config(config: Mapping[str, Any]) -> None:
     """Raise :class:`ConfigError` unless ``config`` has what :func:`speedups` reads."""
     shapes = {"comparisons": Mapping, "models": (Mapping, list), "modes": list}
     for key, shape in shapes.items():
