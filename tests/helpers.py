@@ -136,7 +136,7 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 # --- the ptspeed command ---
 
 TINY_CELL = [
-    "--model", "mlp", "--batch-size", "2", "--warmup", "1", "--steps", "2",
+    "--model", "mlp", "--batch-size", "2", "--warmup-steps", "1", "--measured-steps", "2",
     "--numerics-steps", "1", "--device", "cpu",
 ]  # fmt: skip
 

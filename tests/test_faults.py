@@ -739,8 +739,8 @@ def test_a_cell_runs_with_the_network_unreachable(tmp_path: Path) -> None:
         "HF_HUB_OFFLINE": "0",
         "TRANSFORMERS_OFFLINE": "0",
     }
-    args = ["--model", "bert-base", "--batch-size", "2", "--seq-len", "8", "--warmup", "1"]
-    args += ["--steps", "1", "--numerics-steps", "0", "--device", "cpu", "--threads", "1"]
+    args = ["--model", "bert-base", "--batch-size", "2", "--seq-len", "8", "--warmup-steps", "1"]
+    args += ["--measured-steps", "1", "--numerics-steps", "0", "--device", "cpu", "--threads", "1"]
     result = subprocess.run(
         [*prefix, sys.executable, "-m", "ptspeed", "cell", *args, "--out", str(out)],
         capture_output=True, text=True, timeout=600, env=env,

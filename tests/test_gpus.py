@@ -206,7 +206,7 @@ def run_cuda_cell(tmp_path: Path, name: str, knobs: str) -> dict:
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.pop("SLURM_JOB_ID", None)
     command = [sys.executable, "-m", "ptspeed", "cell", "--model", "mlp", "--batch-size", "4"]
-    command += ["--device", "cuda", "--knobs", knobs, "--timeout", "120", "--out", str(out)]
+    command += ["--device", "cuda", "--knobs", knobs, "--timeout-s", "120", "--out", str(out)]
     subprocess.run(command, env=env, check=True, timeout=180)
     return json.loads(out.read_text())
 

@@ -31,10 +31,9 @@ from ptspeed.envs.containers import (
 from ptspeed.envs.venvs import venv_dir
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.knobs import parse_knobs
-from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, Cell, wildcard_constraints
+from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, wildcard_constraints
 from ptspeed.plan.matrix import (
-    cell_options,
-    cell_spec,
+    cell_command_line,
     cells,
     runtime_minutes,
     variant_compiles,
@@ -254,17 +253,7 @@ def container_launcher(env, engine):
 
 
 def cell_arguments(wildcards, threads):
-    cell = Cell(
-        wildcards.env,
-        wildcards.model,
-        wildcards.variant,
-        wildcards.mode,
-        wildcards.size,
-        int(wildcards.trial),
-    )
-    cell_threads = threads if DEVICE_CLASS == "cpu" else 0
-    spec = cell_spec(config, cell, DEVICE_CLASS, cell_threads)
-    return " ".join(shlex.quote(a) for a in cell_options(spec, config["oom_retry"]))
+    return cell_command_line(config, dict(wildcards.items()), DEVICE_CLASS, threads)
 
 
 def first_trial_record(wildcards):

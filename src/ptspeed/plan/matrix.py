@@ -9,10 +9,12 @@ strings, and sizes against each model's limits. Every problem is one line naming
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
+from ptspeed.cell.arguments import to_arguments
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import CellSpec
@@ -116,30 +118,14 @@ def variant_compiles(config: Mapping[str, Any], variant: str) -> bool:
     return parse_knobs(config["variants"][variant]).compile_mode is not None
 
 
-def cell_options(spec: CellSpec, oom_retry: bool) -> list[str]:
-    """The options of ``python -m ptspeed cell`` (ptspeed.cli) that run ``spec``."""
-    options = {
-        "--env": spec.env,
-        "--model": spec.model,
-        "--variant": spec.variant,
-        "--knobs": spec.knobs,
-        "--mode": spec.mode,
-        "--batch-size": spec.batch_size,
-        "--image-size": spec.image_size,
-        "--seq-len": spec.seq_len,
-        "--trial": spec.trial,
-        "--warmup": spec.warmup_steps,
-        "--steps": spec.measured_steps,
-        "--numerics-steps": spec.numerics_steps,
-        "--device": spec.device,
-        "--threads": spec.threads,
-        "--timeout": spec.timeout_s,
-    }
-    if spec.compiler_cache:
-        options["--compiler-cache"] = spec.compiler_cache
-    flat = [str(part) for option in options.items() for part in option]
-    switches = {"--oom-retry": oom_retry, "--cold-compiler-cache": spec.compiler_cache_cold}
-    return flat + [switch for switch, wanted in switches.items() if wanted]
+def cell_command_line(
+    config: Mapping[str, Any], wildcards: Mapping[str, str], device_class: str, threads: int
+) -> str:
+    """The shell arguments (all but ``--out``) of ``python -m ptspeed cell`` in the workflow's
+    job of ``wildcards``; ``threads``: the job's, which a CPU cell gives torch."""
+    cell_threads = threads if device_class == "cpu" else 0
+    spec = cell_spec(config, Cell.from_wildcards(wildcards), device_class, cell_threads)
+    return shlex.join(to_arguments(spec, config["oom_retry"]))
 
 
 def _check_environments(environments: Mapping[str, Any]) -> None:
