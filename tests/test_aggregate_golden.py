@@ -28,7 +28,7 @@ import pytest
 import yaml
 from helpers import CLAIMS, CONFIG, ROOT, make_record, run_aggregate_script
 
-from ptspeed.analysis.aggregate import read_table
+from ptspeed.analysis.columns import read_table
 from ptspeed.cell.record import Record, write_record
 
 GOLDEN = Path("tests/fixtures/golden")  # relative to ROOT, so record_path reads the same anywhere
