@@ -18,13 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import pandas as pd
 
-from ptspeed.analysis.aggregate import (
-    load_tables,
-    read_mapping,
-    records_listed_in,
-    speedups,
-    summary_table,
-)
+from ptspeed.analysis.aggregate import load_tables, read_mapping, records_listed_in
+from ptspeed.analysis.speedups import speedups
+from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.record import write_atomic
 
 

@@ -21,21 +21,19 @@ from helpers import (
     write_inputs,
 )
 
-from ptspeed.analysis import stats
-from ptspeed.analysis.aggregate import (
+from ptspeed.analysis import ranks, stats
+from ptspeed.analysis.aggregate import load_records, load_tables
+from ptspeed.analysis.claims import verdict
+from ptspeed.analysis.columns import (
     MISSING_REASON,
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
     STEPS_COLUMNS,
     SUMMARY_COLUMNS,
-    coefficient_of_variation,
-    load_records,
-    load_tables,
     read_table,
-    speedups,
-    summary_table,
-    verdict,
 )
+from ptspeed.analysis.speedups import speedups
+from ptspeed.analysis.summary import coefficient_of_variation, summary_table
 from ptspeed.cell.record import write_record
 from ptspeed.errors import ConfigError
 
@@ -343,7 +341,7 @@ def test_speedup_is_the_ratio_of_the_medians(runs: pd.DataFrame) -> None:
 def test_speedup_and_interval_are_the_stats_modules_of_the_ok_trials(runs: pd.DataFrame) -> None:
     frame = speedups(summary_table(runs), CONFIG, CLAIMS, runs)
     row = speedup_row(frame, "upgrade-and-compile", "resnet50")
-    expected = stats.speedup([100.0, 120.0, 110.0], [150.0, 180.0])
+    expected = ranks.speedup([100.0, 120.0, 110.0], [150.0, 180.0])
     assert row["speedup"] == expected.estimate
     assert (row["speedup_low"], row["speedup_high"]) == (expected.low, expected.high)
     assert (row["speedup_low"], row["speedup_high"]) == (150.0 / 120.0, 180.0 / 100.0)

@@ -13,13 +13,15 @@ import pandas as pd
 import pytest
 from test_aggregate import make_record
 
-from ptspeed.analysis.aggregate import load_tables, read_table, summary_table
+from ptspeed.analysis.aggregate import load_tables
+from ptspeed.analysis.columns import read_table
 from ptspeed.analysis.late_numerics import (
     LATE_MODEL_ALLOWANCES,
     LATE_TOLERANCES,
     allowed_error,
     non_finite_loss,
 )
+from ptspeed.analysis.summary import summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 EAGER_LOSS = 1.788334846496582  # mlp, seed 0, 13 steps: eager's last loss measured on the CPU

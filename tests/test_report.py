@@ -28,17 +28,17 @@ from helpers import (
     render_tables,
 )
 
-from ptspeed.analysis.aggregate import (
+from ptspeed.analysis.aggregate import load_tables
+from ptspeed.analysis.columns import (
     MISSING_REASON,
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
     SUMMARY_COLUMNS,
-    load_tables,
     read_table,
-    speedups,
-    summary_table,
 )
 from ptspeed.analysis.late_numerics import LATE_TOLERANCES
+from ptspeed.analysis.speedups import speedups
+from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.numerics import TOLERANCES
 from ptspeed.render import report
 from ptspeed.render.report import (

@@ -3,7 +3,7 @@
 Two runs (two machines, before and after a change) each give a ``runs.csv``. Cells are matched
 on environment, model, variant, mode and sizes; for each cell present on both sides the ratio
 new / old of throughput is given as the report's speedups are
-(:func:`ptspeed.analysis.stats.speedup`: the Hodges–Lehmann ratio, its exact interval with the
+(:func:`ptspeed.analysis.ranks.speedup`: the Hodges–Lehmann ratio, its exact interval with the
 confidence it achieves, and the Mann–Whitney p-value), and a mark:
 
 * ``+`` significantly faster: the change is significant and the ratio above ``1 + threshold``;
@@ -25,8 +25,9 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis import stats
-from ptspeed.analysis.aggregate import ALPHA, CELL_KEYS, CONFIDENCE, read_table, status_counts
+from ptspeed.analysis import ranks, stats
+from ptspeed.analysis.columns import ALPHA, CELL_KEYS, CONFIDENCE, read_table
+from ptspeed.analysis.summary import status_counts
 from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, size_label
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
@@ -149,7 +150,7 @@ def _compared(
     absent = _why_not_comparable(old, new)
     if absent:
         return {**row, "mark": NOT_COMPARABLE, "change": absent}
-    ratio = stats.speedup(old["rates"], new["rates"], CONFIDENCE, ALPHA)
+    ratio = ranks.speedup(old["rates"], new["rates"], CONFIDENCE, ALPHA)
     row.update(
         ratio=ratio.estimate,
         ratio_low=ratio.low,
@@ -178,11 +179,11 @@ def _why_not_comparable(old: Mapping[str, Any] | None, new: Mapping[str, Any] | 
     return "; ".join(reasons)
 
 
-def _judged(ratio: stats.Ratio, threshold: float) -> tuple[str, str]:
+def _judged(ratio: ranks.Ratio, threshold: float) -> tuple[str, str]:
     if math.isnan(ratio.low):
         return SAME, "too few ok trials for a test (2 per side needed)"
     if not ratio.significant:
-        floor = stats.smallest_p_value(ratio.n_baseline, ratio.n_candidate)
+        floor = ranks.smallest_p_value(ratio.n_baseline, ratio.n_candidate)
         if floor >= ratio.alpha:
             return SAME, (
                 f"too few ok trials to detect a change ({ratio.n_baseline} and "

@@ -8,8 +8,8 @@ from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import CellSpec
 from ptspeed.errors import BadInput
 from ptspeed.models import Sizes, check_sizes
-from ptspeed.plan.layout import MODES
 
+MODES = ("train", "infer")
 DEVICES = ("auto", "cpu", "cuda")
 # Injected faults for testing the suite (ptspeed.cell.faults); oom-once is handled by the cell
 # command.

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ptspeed.errors import WriteFailed
-from ptspeed.plan.layout import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
+from ptspeed.models import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
 
 # 2: the numerics check's snapshot comparison (loss, gradients, update; eager_error and
 # eager_spread_error replace eager_fp32_error and eager_reseeded_error), warm-up and compiler

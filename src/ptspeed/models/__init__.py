@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ptspeed.errors import BadInput
-from ptspeed.plan.layout import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
 
 Batch = dict[str, Any]
+# The sizes a cell takes when none is given (a model that does not use a size ignores it).
+DEFAULT_IMAGE_SIZE = 224
+DEFAULT_SEQ_LEN = 128
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ so that a size the model ignores never splits its cells. A size the label leaves
 default, which the cell takes when none is given.
 
 The matrix writes paths, the aggregation and the staleness check read them back, and the
-workflow takes its output patterns and wildcard constraints from here. Standard library only:
-the Snakefile and the cell side import it.
+workflow takes its output patterns and wildcard constraints from here. Light to import (the
+standard library and the cell side's constants): the Snakefile imports it.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
+from ptspeed.cell.checks import MODES
+from ptspeed.models import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
+
 DEVICE_CLASSES = ("cpu", "cuda")
-MODES = ("train", "infer")
-DEFAULT_IMAGE_SIZE = 224
-DEFAULT_SEQ_LEN = 128
 DEFAULT_SIZES = {"image_size": DEFAULT_IMAGE_SIZE, "seq_len": DEFAULT_SEQ_LEN}
 SIZE_KEYS = ("batch_size", *DEFAULT_SIZES)
 SIZE_LETTERS = {"batch_size": "b", "image_size": "i", "seq_len": "s"}

@@ -22,16 +22,16 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from ptspeed.analysis import late_numerics, stats
-from ptspeed.analysis.aggregate import (
+from ptspeed.analysis import late_numerics, ranks, stats
+from ptspeed.analysis.columns import (
     ALPHA,
     CONFIDENCE,
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
     STEPS_COLUMNS,
     SUMMARY_COLUMNS,
-    status_counts,
 )
+from ptspeed.analysis.summary import status_counts
 from ptspeed.cell.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.cell.record import write_atomic
 from ptspeed.render.figures import (
@@ -682,7 +682,7 @@ def _configured_trials(config: Mapping[str, Any]) -> int | None:
 
 
 def _speedup_interval_method(config: Mapping[str, Any]) -> str:
-    needed = stats.trials_for_confidence(CONFIDENCE)
+    needed = ranks.trials_for_confidence(CONFIDENCE)
     text = (
         "exact distribution-free (Moses) interval of that shift, the inversion of the "
         "Mann–Whitney test: from the k-th smallest to the k-th largest pairwise ratio, k the "
@@ -694,7 +694,7 @@ def _speedup_interval_method(config: Mapping[str, Any]) -> str:
     trials = _configured_trials(config)
     if trials is None or trials < 2:
         return text
-    _, achieved = stats.shift_interval_rank(trials, trials, CONFIDENCE)
+    _, achieved = ranks.shift_interval_rank(trials, trials, CONFIDENCE)
     return text + f"; this run's {trials} trials a side give {achieved:.1%}"
 
 
@@ -706,7 +706,7 @@ def _significance_method(config: Mapping[str, Any]) -> str:
     trials = _configured_trials(config)
     if trials is None:
         return text
-    floor = stats.smallest_p_value(trials, trials)
+    floor = ranks.smallest_p_value(trials, trials)
     text += (
         f"; with {trials} trials a side p cannot fall below 2 / C({2 * trials}, {trials}) "
         f"= {floor:.2g}"
