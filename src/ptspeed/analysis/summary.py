@@ -84,7 +84,9 @@ def _first_steps(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
         f"_first_step_{cache}": _median_of(trials["first_step_s"][ok & (caches == cache)])
         for cache in COMPILER_CACHES
     }
-    is_eager = all(knobs == "eager" for knobs in trials["knobs"])
+    # Stand-in rows (missing, unreadable, stale) have no knobs: the recorded trials decide.
+    known = [knobs for knobs in trials["knobs"] if isinstance(knobs, str) and knobs]
+    is_eager = bool(known) and all(knobs == "eager" for knobs in known)
     return {
         "_eager": is_eager,
         "_first_step_all": _median_of(trials["first_step_s"][ok]),
