@@ -189,25 +189,23 @@ SUMMARY_TEXT_COLUMNS = [
     "reasons",
     "retried_from_batch_size",
 ]
-SPEEDUP_TEXT_COLUMNS = [
-    "comparison",
-    "title",
-    "model",
-    "mode",
-    "baseline_env",
-    "baseline_variant",
-    "candidate_env",
-    "candidate_variant",
-    "baseline_statuses",
-    "candidate_statuses",
-    "claim",
-    "claim_device",
-    "claim_precision",
-    "measured_device",
-    "measured_precision",
-    "verdict",
-    "verdict_reason",
-]
+_SPEEDUP_NUMBERS = (
+    *SIZE_KEYS,
+    "baseline_samples_per_s",
+    "candidate_samples_per_s",
+    "baseline_trials",
+    "candidate_trials",
+    "speedup",
+    "speedup_low",
+    "speedup_high",
+    "speedup_confidence",
+    "p_value",
+    "significant",
+    "published_speedup",
+    "published_baseline",
+    "published_candidate",
+)
+SPEEDUP_TEXT_COLUMNS = [c for c in SPEEDUP_COLUMNS if c not in _SPEEDUP_NUMBERS]
 TEXT_COLUMNS = sorted({*_TEXT_COLUMNS, *SUMMARY_TEXT_COLUMNS, *SPEEDUP_TEXT_COLUMNS})
 
 

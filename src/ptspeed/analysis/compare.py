@@ -151,14 +151,7 @@ def _compared(
     if absent:
         return {**row, "mark": NOT_COMPARABLE, "change": absent}
     ratio = ranks.speedup(old["rates"], new["rates"], CONFIDENCE, ALPHA)
-    row.update(
-        ratio=ratio.estimate,
-        ratio_low=ratio.low,
-        ratio_high=ratio.high,
-        ratio_confidence=ratio.achieved_confidence,
-        p_value=ratio.p_value,
-        significant=ratio.significant,
-    )
+    row.update(ratio.columns("ratio"))
     mark, change = _judged(ratio, threshold)
     return {**row, "mark": mark, "change": change}
 

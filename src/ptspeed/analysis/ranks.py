@@ -21,6 +21,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import scipy.stats
 
@@ -72,6 +73,18 @@ class Ratio:
     p_value: float
     significant: bool
     alpha: float
+
+    def columns(self, name: str) -> dict[str, Any]:
+        """The table columns of this ratio: ``name``, its interval and achieved confidence
+        (``name_low``, ``name_high``, ``name_confidence``), ``p_value`` and ``significant``."""
+        return {
+            name: self.estimate,
+            f"{name}_low": self.low,
+            f"{name}_high": self.high,
+            f"{name}_confidence": self.achieved_confidence,
+            "p_value": self.p_value,
+            "significant": self.significant,
+        }
 
 
 def speedup(

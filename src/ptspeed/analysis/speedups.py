@@ -226,15 +226,7 @@ def _interval(base: _Side | None, cand: _Side | None, medians_ratio: float) -> d
             "p_value": math.nan,
             "significant": False,
         }
-    ratio = ranks.speedup(base.rates, cand.rates, CONFIDENCE, ALPHA)
-    return {
-        "speedup": ratio.estimate,
-        "speedup_low": ratio.low,
-        "speedup_high": ratio.high,
-        "speedup_confidence": ratio.achieved_confidence,
-        "p_value": ratio.p_value,
-        "significant": ratio.significant,
-    }
+    return ranks.speedup(base.rates, cand.rates, CONFIDENCE, ALPHA).columns("speedup")
 
 
 def _measured_on(base: _Side | None, cand: _Side | None) -> dict[str, str]:
