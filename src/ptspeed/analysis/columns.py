@@ -109,39 +109,41 @@ SUMMARY_COLUMNS = [
     "reasons",
     "retried_from_batch_size",
 ]
-SPEEDUP_COLUMNS = [
-    "comparison",
-    "title",
-    "model",
-    "mode",
-    *SIZE_KEYS,
-    "baseline_env",
-    "baseline_variant",
-    "candidate_env",
-    "candidate_variant",
-    "baseline_samples_per_s",
-    "candidate_samples_per_s",
-    "baseline_trials",
-    "candidate_trials",
-    "baseline_statuses",
-    "candidate_statuses",
-    "speedup",
-    "speedup_low",
-    "speedup_high",
-    "speedup_confidence",
-    "p_value",
-    "significant",
-    "claim",
-    "published_speedup",
-    "published_baseline",
-    "published_candidate",
-    "claim_device",
-    "claim_precision",
-    "measured_device",
-    "measured_precision",
-    "verdict",
-    "verdict_reason",
-]
+# Each column of the speedups table and whether it holds text (the rest are numbers).
+_SPEEDUP_COLUMN_IS_TEXT = {
+    "comparison": True,
+    "title": True,
+    "model": True,
+    "mode": True,
+    **dict.fromkeys(SIZE_KEYS, False),
+    "baseline_env": True,
+    "baseline_variant": True,
+    "candidate_env": True,
+    "candidate_variant": True,
+    "baseline_samples_per_s": False,
+    "candidate_samples_per_s": False,
+    "baseline_trials": False,
+    "candidate_trials": False,
+    "baseline_statuses": True,
+    "candidate_statuses": True,
+    "speedup": False,
+    "speedup_low": False,
+    "speedup_high": False,
+    "speedup_confidence": False,
+    "p_value": False,
+    "significant": False,
+    "claim": True,
+    "published_speedup": False,
+    "published_baseline": False,
+    "published_candidate": False,
+    "claim_device": True,
+    "claim_precision": True,
+    "measured_device": True,
+    "measured_precision": True,
+    "verdict": True,
+    "verdict_reason": True,
+}
+SPEEDUP_COLUMNS = list(_SPEEDUP_COLUMN_IS_TEXT)
 
 # The confidence of the tables' intervals and the significance level of their tests.
 CONFIDENCE = 0.95
@@ -189,23 +191,7 @@ SUMMARY_TEXT_COLUMNS = [
     "reasons",
     "retried_from_batch_size",
 ]
-_SPEEDUP_NUMBERS = (
-    *SIZE_KEYS,
-    "baseline_samples_per_s",
-    "candidate_samples_per_s",
-    "baseline_trials",
-    "candidate_trials",
-    "speedup",
-    "speedup_low",
-    "speedup_high",
-    "speedup_confidence",
-    "p_value",
-    "significant",
-    "published_speedup",
-    "published_baseline",
-    "published_candidate",
-)
-SPEEDUP_TEXT_COLUMNS = [c for c in SPEEDUP_COLUMNS if c not in _SPEEDUP_NUMBERS]
+SPEEDUP_TEXT_COLUMNS = [c for c, is_text in _SPEEDUP_COLUMN_IS_TEXT.items() if is_text]
 TEXT_COLUMNS = sorted({*_TEXT_COLUMNS, *SUMMARY_TEXT_COLUMNS, *SPEEDUP_TEXT_COLUMNS})
 
 
