@@ -26,9 +26,10 @@ import yaml
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import Rank
 from ptspeed.cell.harness import run_cell
-from ptspeed.cell.knobs import BadInput, parse_knobs, unsupported_reason
+from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec, Record
 from ptspeed.envs.venvs import build_venv, venv_python
+from ptspeed.errors import BadInput
 from ptspeed.launch.torchrun import (
     launcher_failures,
     merged_record,
@@ -438,8 +439,9 @@ def wait_until(condition: Any, within_s: float) -> bool:
 def test_ranks_die_with_a_killed_watchdog(tmp_path: Path) -> None:
     out = tmp_path / "hang.json"
     arguments = ["--model", "mlp", "--variant", "ddp", "--batch-size", "4", "--device", "cpu"]
-    arguments += ["--threads", "2", "--warmup", "1", "--numerics-steps", "1", "--steps", "1"]
-    arguments += ["--fault", "hang", "--timeout", str(CELL_TIMEOUT_S), "--out", str(out)]
+    arguments += ["--threads", "2", "--warmup-steps", "1", "--measured-steps", "1"]
+    arguments += ["--numerics-steps", "1"]
+    arguments += ["--fault", "hang", "--timeout-s", str(CELL_TIMEOUT_S), "--out", str(out)]
     watchdog = subprocess.Popen(
         [sys.executable, "-m", "ptspeed", "cell", *arguments],
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},

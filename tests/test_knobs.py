@@ -13,11 +13,11 @@ from ptspeed.cell.knobs import (
     AMP_DTYPES,
     COMPILE_MODES,
     KNOB_NAMES,
-    BadInput,
     Knobs,
     parse_knobs,
     unsupported_reason,
 )
+from ptspeed.errors import BadInput
 
 ACCEPTED_TEXT = re.compile(r"[a-z0-9_.=+-]+")
 BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")

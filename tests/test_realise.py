@@ -13,11 +13,11 @@ import pytest
 
 from ptspeed.envs import realise
 from ptspeed.envs.apptainer import CELL_PYTHON, SifPlan
-from ptspeed.envs.containers import ContainerConfigError
 from ptspeed.envs.realise import Images, Realisation
 from ptspeed.envs.venvs import lock_hash
+from ptspeed.errors import ConfigError
 from ptspeed.plan import device
-from ptspeed.plan.config import effective_config_json
+from ptspeed.plan.config import effective_config_json, fill_defaults, load_schema
 from ptspeed.plan.device import detect_device_class
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +56,7 @@ def realisation(
         "environments": environments(),
         "containers": {"runtime": runtime, **containers},
     }
+    fill_defaults(config, {"properties": {"containers": load_schema()["properties"]["containers"]}})
     return Realisation(config, device_class, in_apptainer, ROOT, workdir, PYTHON)
 
 
@@ -141,7 +142,7 @@ def test_a_cuda_base_newer_than_the_driver_is_refused_only_where_cells_use_it(
     found = realisation(tmp_path, runtime="apptainer", in_apptainer=True)
     found.check_driver({"host", "venv"}, "535.104.05")  # the default base: CUDA 11.8
     found.check_driver({"boxed"}, "570.124.06")
-    with pytest.raises(ContainerConfigError, match=r"^environments\.boxed: .*CUDA 12\.8"):
+    with pytest.raises(ConfigError, match=r"^environments\.boxed: .*CUDA 12\.8"):
         found.check_driver({"boxed", "host"}, "535.104.05")
 
 
@@ -165,7 +166,7 @@ def test_build_options_say_what_the_image_is_made_of(tmp_path: Path) -> None:
     assert "--tag localhost/ptspeed/venv:latest" in made.build_options("venv")
     assert made.pull_options("boxed") == f"--engine podman --uri docker://r.example/boxed@{DIGEST}"
     assert made.requirements("venv") == "envs/venv.txt"
-    with pytest.raises(ContainerConfigError, match=r"^environments\.host: no requirements"):
+    with pytest.raises(ConfigError, match=r"^environments\.host: no requirements"):
         made.requirements("host")
 
 
@@ -198,7 +199,7 @@ def test_sif_inputs_and_options_follow_the_plan(tmp_path: Path) -> None:
         registry.sif_options("boxed")
         == f"--source registry --uri docker://r.example/boxed@{DIGEST}"
     )
-    with pytest.raises(ContainerConfigError, match=r"boxed\.sif: made only under"):
+    with pytest.raises(ConfigError, match=r"boxed\.sif: made only under"):
         images(tmp_path).sif_options("boxed")
     assert images(tmp_path).sif_inputs("boxed") == {}
 

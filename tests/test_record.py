@@ -25,12 +25,12 @@ from ptspeed.cell.record import (
     NumericsCheck,
     Provenance,
     Record,
-    WriteFailed,
     json_schema,
     read_record,
     write_atomic,
     write_record,
 )
+from ptspeed.errors import WriteFailed
 
 
 def full_record() -> Record:

@@ -1,5 +1,4 @@
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -16,20 +15,19 @@ from ptspeed.plan.cluster import (
 )
 from ptspeed.plan.config import effective_config_json, prepare_config
 from ptspeed.plan.device import detect_device_class
-from ptspeed.envs.containers import ContainerConfigError, check_container_config
+from ptspeed.envs.containers import check_container_config
 from ptspeed.envs.realise import Realisation
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.knobs import parse_knobs
+from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, wildcard_constraints
 from ptspeed.plan.matrix import (
-    Cell,
-    ConfigError,
-    cell_options,
-    cell_spec,
+    cell_command_line,
     cells,
     runtime_minutes,
     variant_compiles,
 )
 from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
+from ptspeed.errors import ConfigError
 
 # Checks the config (schema, paths, cross-references) and fills its defaults in place.
 try:
@@ -42,7 +40,6 @@ except ConfigError as exc:
 RESULTS = config["results"]
 ENVIRONMENTS = config["environments"]
 CELLS = list(cells(config, DEVICE_CLASS))
-NAME = r"[a-z0-9][a-z0-9._-]*"
 HOST_PYTHON = shlex.quote(sys.executable)
 
 
@@ -81,12 +78,7 @@ SLURM_RESOURCES = slurm_resources(config["cluster"])
 
 
 wildcard_constraints:
-    env="|".join(map(re.escape, ENVIRONMENTS)),
-    model=NAME,
-    variant=NAME,
-    mode="train|infer",
-    size=r"b[0-9]+(-i[0-9]+)?(-s[0-9]+)?",
-    trial=r"[0-9]+",
+    **wildcard_constraints(ENVIRONMENTS),
 
 
 def record_paths(wildcards):
@@ -109,7 +101,7 @@ IN_APPTAINER = in_apptainer()
 if workflow.is_main_process:
     try:
         check_container_config(config, IN_APPTAINER)
-    except ContainerConfigError as exc:
+    except ConfigError as exc:
         raise WorkflowError(f"config: {exc}") from None
 REALISATION = Realisation(
     config, DEVICE_CLASS, IN_APPTAINER, Path(workflow.basedir), Path.cwd()
@@ -140,17 +132,7 @@ def env_python(wildcards):
 
 
 def cell_arguments(wildcards, threads):
-    cell = Cell(
-        wildcards.env,
-        wildcards.model,
-        wildcards.variant,
-        wildcards.mode,
-        wildcards.size,
-        int(wildcards.trial),
-    )
-    cell_threads = threads if DEVICE_CLASS == "cpu" else 0
-    spec = cell_spec(config, cell, DEVICE_CLASS, cell_threads)
-    return " ".join(shlex.quote(a) for a in cell_options(spec, config["oom_retry"]))
+    return cell_command_line(config, dict(wildcards.items()), DEVICE_CLASS, threads)
 
 
 COMPILED_VARIANTS = {v for v in config["variants"] if variant_compiles(config, v)}

@@ -13,7 +13,7 @@ def make_sif_plan():
         return None
     try:
         plan = plan_sif(CONTAINERS, engine_usable)
-    except ContainerConfigError as exc:
+    except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
     if workflow.is_main_process:
         print(f"ptspeed: {plan.describe()}", file=sys.stderr)
@@ -36,7 +36,7 @@ if SIF_PLAN and DEVICE_CLASS == "cuda":
             REALISATION.check_driver(
                 {cell.env for cell in CELLS}, nvidia_driver_version()
             )
-        except ContainerConfigError as exc:
+        except ConfigError as exc:
             raise WorkflowError(f"config: {exc}") from None
 IMAGES = Images(REALISATION, engine_for_images(CONTAINERS, engine_usable), SIF_PLAN)
 
@@ -44,7 +44,7 @@ IMAGES = Images(REALISATION, engine_for_images(CONTAINERS, engine_usable), SIF_P
 def image_requirements(wildcards):
     try:
         return IMAGES.requirements(wildcards.env)
-    except ContainerConfigError as exc:
+    except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
 
 
@@ -59,12 +59,12 @@ def image_pull_options(wildcards):
 def sif_inputs(wildcards):
     try:
         return IMAGES.sif_inputs(wildcards.env)
-    except ContainerConfigError as exc:
+    except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
 
 
 def sif_options(wildcards):
     try:
         return IMAGES.sif_options(wildcards.env)
-    except ContainerConfigError as exc:
+    except ConfigError as exc:
         raise WorkflowError(str(exc)) from None

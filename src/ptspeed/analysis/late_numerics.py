@@ -37,7 +37,8 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import parse_knobs
+from ptspeed.errors import BadInput
 
 NUMERICS_MISMATCH = "numerics_mismatch"
 REFERENCE_KNOBS = "eager"

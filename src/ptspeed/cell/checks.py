@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import CellSpec
+from ptspeed.errors import BadInput
 from ptspeed.models import Sizes, check_sizes
 
 MODES = ("train", "infer")

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ptspeed.cell.harness import SingleProcess, Unsupported, resolve_device, run_cell
+from ptspeed.cell.harness import SingleProcess, resolve_device, run_cell
 from ptspeed.cell.knobs import Knobs, parse_knobs
 from ptspeed.cell.record import CellSpec, Metrics
 from ptspeed.cell.reference import host_copy
+from ptspeed.errors import Unsupported
 from ptspeed.launch.torchrun import FINISHED, threads_per_process, write_rank_outcome
 
 RANK_FAULT_PREFIX = "rank-"

@@ -33,6 +33,7 @@ from ptspeed.cell.record import CellSpec, Metrics, Record, utc_now
 from ptspeed.cell.reference import CheckCapture, Snapshot, check_numerics, host_copy
 from ptspeed.cell.steps import batch_supplier, build_model, make_step, release_memory, to_device
 from ptspeed.cell.timing import CpuTimer, make_timer, timed_loop
+from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
 
 WRONG_OUTPUT_SCALE = 1.1
@@ -44,10 +45,6 @@ INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 OUTPUT_FAULTS = ("numerics", "late")  # faults that change a step's returned value
 KIB = 1024
 TRACEBACK_LINES_KEPT = 25
-
-
-class Unsupported(Exception):
-    """This torch or device cannot run the cell; the message says why."""
 
 
 @dataclass

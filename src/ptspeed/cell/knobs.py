@@ -38,6 +38,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ptspeed.errors import BadInput
+
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 AMP_DTYPES = ("auto", "fp16", "bf16")
 FSDP_OPTIONS = ("offload",)
@@ -64,10 +66,6 @@ KNOB_NAMES = (
 )
 SWITCH_VALUES = ("on", "off")
 _NAME_PATTERN = re.compile(r"[a-z0-9_]+(=[a-z0-9_.-]+)?")  # fullmatch: "$" would allow "\n"
-
-
-class BadInput(ValueError):
-    """A user-supplied value is not acceptable; the message names the field and the options."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from ptspeed.errors import WriteFailed
+from ptspeed.models import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
+
 # 2: the numerics check's snapshot comparison (loss, gradients, update; eager_error and
 # eager_spread_error replace eager_fp32_error and eager_reseeded_error), warm-up and compiler
 # cache metrics, the settings in force in provenance.
@@ -48,8 +51,8 @@ class CellSpec:
     knobs: str = _doc("The knob string the variant stands for, e.g. 'compile+amp=bf16'.")
     mode: str = _doc("'train' (forward, backward, optimizer step) or 'infer' (forward only).")
     batch_size: int = _doc("Samples per step.")
-    image_size: int = _doc("Image side in pixels (image models).", 224)
-    seq_len: int = _doc("Sequence length in tokens (text models).", 128)
+    image_size: int = _doc("Image side in pixels (image models).", DEFAULT_IMAGE_SIZE)
+    seq_len: int = _doc("Sequence length in tokens (text models).", DEFAULT_SEQ_LEN)
     env: str = _doc("Name of the PyTorch environment the cell ran in.", "host")
     trial: int = _doc("Trial index; trials are independent processes.", 0)
     seed: int = _doc("Seed for weights and synthetic data.", 0)
@@ -332,11 +335,6 @@ def _from_dict(cls: type, data: dict[str, Any]) -> Any:
 def utc_now() -> str:
     """The current UTC time as the records write it (ISO 8601, seconds)."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-class WriteFailed(OSError):
-    """A file could not be written whole (a full disk, a read-only directory, a quota); no part
-    of it was left behind. The message names the file and the system's reason."""
 
 
 # The temporary file of an atomic write: a dot-file beside its target, named after the target,

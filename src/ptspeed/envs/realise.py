@@ -29,12 +29,12 @@ from ptspeed.envs.containers import (
     ENGINES,
     INSTALL_SCRIPT,
     UV_REQUIREMENTS,
-    ContainerConfigError,
     container_settings,
     forget_pruned_image,
     runs_in_image,
 )
 from ptspeed.envs.venvs import venv_dir
+from ptspeed.errors import ConfigError
 
 CONTAINER_RUN = Path("scripts/container_run.py")
 
@@ -170,7 +170,7 @@ class Realisation:
 
     def check_driver(self, used: Iterable[str], driver: str) -> None:
         """Refuse a sif whose CUDA base is newer than this node's ``driver``, of the
-        environments ``used`` by the matrix's cells; raises ContainerConfigError."""
+        environments ``used`` by the matrix's cells; raises ConfigError."""
         for env in sorted(set(used) & set(self.sif_environments())):
             base = self.environments[env].get("base_image") or default_base_image(self.project)
             check_driver(env, base, driver)
@@ -189,11 +189,9 @@ class Images:
         return self.realisation.environments[env]
 
     def requirements(self, env: str) -> str:
-        """The lock an image is built from; raises ContainerConfigError without one."""
+        """The lock an image is built from; raises ConfigError without one."""
         if not self.spec(env).get("requirements"):
-            raise ContainerConfigError(
-                f"environments.{env}: no requirements to build an image from"
-            )
+            raise ConfigError(f"environments.{env}: no requirements to build an image from")
         return str(self.spec(env)["requirements"])
 
     def tag(self, env: str) -> str:
@@ -242,10 +240,10 @@ class Images:
         return {**inputs, "definition": str(DEFINITION)}
 
     def sif_options(self, env: str) -> str:
-        """Options of ``scripts/image.py sif``; raises ContainerConfigError without a plan."""
+        """Options of ``scripts/image.py sif``; raises ConfigError without a plan."""
         plan = self.sif_plan
         if plan is None:
-            raise ContainerConfigError(
+            raise ConfigError(
                 f"{self.realisation.sif(env)}: made only under --use-singularity / --sdm apptainer"
             )
         options: list[object] = ["--source", plan.source]

@@ -15,16 +15,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptspeed.cell.knobs import BadInput
+from ptspeed.errors import BadInput
 
 Batch = dict[str, Any]
+# The sizes a cell takes when none is given (a model that does not use a size ignores it).
+DEFAULT_IMAGE_SIZE = 224
+DEFAULT_SEQ_LEN = 128
 
 
 @dataclass(frozen=True)
 class Sizes:
     batch_size: int
-    image_size: int = 224
-    seq_len: int = 128
+    image_size: int = DEFAULT_IMAGE_SIZE
+    seq_len: int = DEFAULT_SEQ_LEN
 
 
 @dataclass(frozen=True)
