@@ -31,6 +31,30 @@ class Sizes:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """One layer of a model cut into stages (model parallelism, :mod:`ptspeed.cell.stages`):
+    its name, the module that holds its parameters and buffers, and ``run(x, batch)``: its
+    output (one tensor) from the previous layer's output ``x`` (None for the first layer,
+    which reads the batch)."""
+
+    name: str
+    module: Any
+    run: Callable[[Any, Batch], Any]
+
+
+@dataclass(frozen=True)
+class Layering:
+    """How a model is cut into stages: ``layers(model)``, its layers in order (the last one's
+    output is the inference output); ``loss(output, batch)``, the training loss from that
+    output, as ``ModelSpec.loss`` computes it; ``count(batch)``, how many terms the loss
+    averages over (None: the samples), which weighs the micro-batches of a pipeline."""
+
+    layers: Callable[[Any], list[Layer]]
+    loss: Callable[[Any, Batch], Any]
+    count: Callable[[Batch], Any] | None = None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     description: str
@@ -44,6 +68,9 @@ class ModelSpec:
     ragged_output: bool = False
     # Class names of the model's repeated blocks: FSDP wraps each as its own unit.
     blocks: tuple[str, ...] = ()
+    # The model as consecutive layers, for modelpar/pipeline; None: it cannot be cut (why).
+    layering: Layering | None = None
+    unstaged_reason: str = ""
 
 
 @dataclass(frozen=True)
