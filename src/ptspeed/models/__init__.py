@@ -80,14 +80,20 @@ class ModelEntry:
     module: str
     uses: tuple[str, ...]
     limits: dict[str, tuple[int, int]]
+    # Batch norm: a pipeline's micro-batches normalise with their own statistics (GPipe).
+    batch_norm: bool = False
 
 
 MAX_BATCH = 65536
 REGISTRY: dict[str, ModelEntry] = {
     "mlp": ModelEntry("ptspeed.models.seed", (), {}),
     "lstm-lm": ModelEntry("ptspeed.models.seed", ("seq_len",), {"seq_len": (1, 8192)}),
-    "resnet50": ModelEntry("ptspeed.models.vision", ("image_size",), {"image_size": (32, 2048)}),
-    "mask-rcnn": ModelEntry("ptspeed.models.vision", ("image_size",), {"image_size": (64, 2048)}),
+    "resnet50": ModelEntry(
+        "ptspeed.models.vision", ("image_size",), {"image_size": (32, 2048)}, batch_norm=True
+    ),
+    "mask-rcnn": ModelEntry(
+        "ptspeed.models.vision", ("image_size",), {"image_size": (64, 2048)}, batch_norm=True
+    ),
     "bert-base": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (8, 512)}),
     "gpt2": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (2, 1024)}),
 }
