@@ -189,8 +189,8 @@ class StageRank(Rank):
         return self._gathered(host_copy((n, t) for n, t in state if id(t) in self.owned))
 
     def gradients(self, model: Any) -> dict[str, Any] | None:
-        held = [(n, p.grad) for n, p in model.named_parameters() if id(p) in self.owned]
-        gathered = self._gathered(host_copy((n, g) for n, g in held if g is not None))
+        held = ((n, p.grad) for n, p in self.held if p.grad is not None)
+        gathered = self._gathered(host_copy(held))
         return gathered if self.reports else None
 
     def momentum(self, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor | None]:
