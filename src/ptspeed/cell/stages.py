@@ -24,6 +24,12 @@ next stage draws dropout masks where the previous left off (:mod:`ptspeed.cell.m
 The loss, computed by the last stage, is broadcast to every rank as the step's output; in
 inference the last stage returns the output. The numerics gate compares rank 0's gathered
 loss, gradients and update with eager over the same micro-batches.
+
+Ran on the CPU with 2 gloo processes (tiny sizes): modelpar=2 and pipeline=2+chunks=2 for
+ResNet-50, BERT-base, GPT-2 and the LSTM LM in torch 2.14.1, pipeline=2+chunks=2 for the MLP
+and GPT-2 in 1.13.1, ResNet-50 and modelpar=2 inference of the MLP in 2.0.1: every loss equal
+to eager's over the same micro-batches, to the last bit. Not run on CUDA yet (NCCL: written
+against the documented send/recv, gather_object and broadcast_object_list, one GPU per rank).
 """
 
 from __future__ import annotations
