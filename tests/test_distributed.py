@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,21 +282,6 @@ def test_missing_ranks_without_a_launcher_summary(tmp_path: Path) -> None:
 
 
 # --- a rank in this process (world size 1) ----------------------------------------------------
-
-
-@pytest.fixture
-def single_rank_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """torchrun's environment for one rank, on a free local port; the group is ended after."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")

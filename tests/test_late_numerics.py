@@ -83,6 +83,28 @@ def test_a_correct_variant_passes_and_stays_ok(tmp_path: Path) -> None:
     assert row_of(runs, "torch-2.0", "eager")["late_check"] == "reference"
 
 
+def test_a_pipeline_over_batch_norm_follows_its_own_trajectory(tmp_path: Path) -> None:
+    """GPipe normalises each micro-batch with its own statistics: not eager's trajectory."""
+    knobs = "pipeline=2+chunks=4"
+    paths = [
+        *eager_trials(tmp_path, model="resnet50"),
+        write(
+            tmp_path, "torch-2.0", "pipeline", 0, EAGER_LOSS * 1.5, knobs=knobs, model="resnet50"
+        ),
+        *eager_trials(tmp_path, model="gpt2"),
+        write(tmp_path, "torch-2.0", "pipeline", 0, EAGER_LOSS * 1.5, knobs=knobs),
+    ]
+    runs, _ = load_tables(paths)
+    resnet, gpt2 = (
+        runs[runs["model"] == m].set_index("variant").loc["pipeline"] for m in ("resnet50", "gpt2")
+    )
+    assert resnet["status"] == "ok"
+    assert resnet["late_check"] == (
+        "not checked: batch norm over each of 4 micro-batches, not over the whole batch"
+    )
+    assert (gpt2["status"], gpt2["late_check"]) == ("numerics_mismatch", "mismatch")
+
+
 def test_the_late_fault_is_a_mismatch_and_leaves_the_statistics(tmp_path: Path) -> None:
     wrong = EAGER_LOSS * LATE_FAULT_SCALE
     paths = [

@@ -125,7 +125,7 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "memory_kind": "", "loss_first": None, "loss_last": None, "non_finite_loss": "",
             "flops_per_sample": None, "achieved_flops_per_s": None, "world_size": 1,
             "batch_size_per_process": None, "distributed_backend": "", "fsdp_wrap_policy": "",
-            "rank_measured_wall_s": [],
+            "stage_split": "", "rank_measured_wall_s": [],
         },
         "numerics": {
             "checked": False, "reason": "", "compared": "", "precision": "", "reference": "",

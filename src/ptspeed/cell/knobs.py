@@ -19,6 +19,10 @@ A variant is written as knobs joined by ``+``, each ``name`` or ``name=value``::
     tf32=on|off                TF32 in matmuls and cuDNN convolutions (CUDA; default: what the
                                torch version does, recorded in provenance)
     cudnn_benchmark[=on|off]   cuDNN autotuning of convolution algorithms (CUDA; default: off)
+    modelpar=N                 model parallelism: the model's layers cut into N consecutive stages,
+                               one process (device) each, one micro-batch at a time (naive)
+    pipeline=N                 the same N stages run as a GPipe pipeline over chunks micro-batches
+    chunks=M                   micro-batches of a pipeline, 1 to 1024 (default 2; batch_size >= M)
 
 Distributed variants (ddp, fsdp) run N processes started by torchrun: NCCL on CUDA (one GPU
 per process), gloo on the CPU (the cell's threads divided among them). Every process trains
@@ -28,6 +32,17 @@ procs x batch_size x steps / the slowest process's wall time. Recorded as unsupp
 on the CPU before torch 2.1 (it fails in 1.13.1 and 2.0.1, runs in 2.14.1); fsdp=offload off
 CUDA (FSDP pins the offloaded shards); fsdp with fp16 AMP (needs ShardedGradScaler); ddp or
 fsdp with cudagraphs; on CUDA, procs=N with fewer than N visible GPUs.
+
+Staged variants (modelpar, pipeline) also run N processes under torchrun, rank r holding stage
+r (cuda:r, or the CPU over gloo): the model's layers (see :mod:`ptspeed.cell.stages`) are cut
+into N consecutive stages balanced by parameter count, activations go forward and gradients
+back with send/recv, and pipeline runs a GPipe schedule (every micro-batch's forward, then every
+backward, gradients accumulated). batch_size is the whole batch, split into the micro-batches;
+the throughput is batch_size x steps / the slowest stage's wall time; the split is recorded
+(metrics.stage_split). Refused when parsed: a staged variant with ddp, fsdp or procs, with
+compile or cudagraphs (untested per stage), and chunks without pipeline. Recorded as
+unsupported: fp16 AMP (no GradScaler across stages), a model without layers to cut
+(mask-rcnn), more stages than layers.
 
 This module needs no torch: parsing happens before any process imports it. What a given
 torch and device can do is decided by :func:`unsupported_reason`.
@@ -63,6 +78,7 @@ KNOB_NAMES = (
     "procs",
     "tf32",
     "cudnn_benchmark",
+    *("modelpar", "pipeline", "chunks"),  # staged variants (ptspeed.cell.stages)
 )
 SWITCH_VALUES = ("on", "off")
 _NAME_PATTERN = re.compile(r"[a-z0-9_]+(=[a-z0-9_.-]+)?")  # fullmatch: "$" would allow "\n"
@@ -83,6 +99,7 @@ class Knobs:
     processes: int = 1
     tf32: bool | None = None  # None: the torch version's default
     cudnn_benchmark: bool | None = None
+    chunks: int = 1  # micro-batches of a staged variant (parallel modelpar or pipeline)
 
     @property
     def is_eager_fp32(self) -> bool:
@@ -90,7 +107,8 @@ class Knobs:
 
     @property
     def world_size(self) -> int:
-        """Processes the cell runs as: ``procs`` for ddp/fsdp, else 1."""
+        """Processes the cell runs as: ``procs`` for ddp/fsdp, the stages of modelpar/pipeline,
+        else 1."""
         return self.processes if self.parallel else 1
 
     def precision(self, device_type: str) -> str:
@@ -133,6 +151,45 @@ def _check_distributed(seen: set[str], settings: dict[str, object], text: str) -
         raise BadInput(f"knobs: procs needs ddp or fsdp in {text!r}")
     if "parallel" in settings:
         settings.setdefault("processes", DEFAULT_PROCESSES)
+    _check_staged(seen, settings, text)
+
+
+# --- staged variants: modelpar=N, pipeline=N+chunks=M ---
+STAGED = ("modelpar", "pipeline")
+DEFAULT_CHUNKS = 2
+MAX_CHUNKS = 1024
+STAGED_REFUSED = ("ddp", "fsdp", "procs", "compile", "cudagraphs")
+
+
+def _check_staged(seen: set[str], settings: dict[str, object], text: str) -> None:
+    staged = seen & set(STAGED)
+    if "chunks" in seen and "pipeline" not in seen:
+        raise BadInput(f"knobs: chunks needs pipeline in {text!r} (e.g. pipeline=2+chunks=4)")
+    if not staged:
+        return
+    others = [name for name in STAGED_REFUSED if name in seen]
+    if len(staged) > 1:
+        raise BadInput(f"knobs: modelpar and pipeline cannot be combined in {text!r} (choose one)")
+    if others:
+        what = f"{min(staged)} with {others[0]}"
+        raise BadInput(f"knobs: {what} is not supported in {text!r} ({_STAGED_WHY[others[0]]})")
+    if "pipeline" in staged:
+        settings.setdefault("chunks", DEFAULT_CHUNKS)
+
+
+_STAGED_WHY = {
+    "ddp": "one process per stage, no data parallelism across stages",
+    "fsdp": "one process per stage, no data parallelism across stages",
+    "procs": "the stage count is the process count: modelpar=N or pipeline=N",
+    "compile": "compiling each stage is untested",
+    "cudagraphs": "capturing send/recv between stages is untested",
+}
+
+
+def _parse_staged(name: str, value: str) -> dict[str, object]:
+    if name == "chunks":
+        return {"chunks": _integer(name, value, minimum=1, maximum=MAX_CHUNKS)}
+    return {"parallel": name, "processes": _integer(name, value, minimum=1, maximum=MAX_PROCESSES)}
 
 
 def _parse_one(name: str, value: str) -> dict[str, object]:
@@ -165,6 +222,8 @@ def _parse_one(name: str, value: str) -> dict[str, object]:
         return {"tf32": _choice(name, value, SWITCH_VALUES) == "on"}
     if name == "cudnn_benchmark":
         return {"cudnn_benchmark": _choice(name, value or "on", SWITCH_VALUES) == "on"}
+    if name in (*STAGED, "chunks"):
+        return _parse_staged(name, value)
     raise BadInput(f"knobs: unknown knob {name!r} (accepted: {', '.join(KNOB_NAMES)})")
 
 
@@ -244,6 +303,11 @@ def _distributed_reason(knobs: Knobs, device_type: str, torch_version: tuple[int
         return (
             f"cudagraphs with {knobs.parallel}: ptspeed captures single-process steps only "
             "(capturing collectives needs the model wrapped on the capture stream)"
+        )
+    if knobs.parallel in STAGED and knobs.precision(device_type) == "fp16":
+        return (
+            f"{knobs.parallel} with fp16 AMP: ptspeed's stages have no GradScaler across them "
+            "(one scale for every stage's gradients): use amp=bf16"
         )
     if knobs.parallel != "fsdp":
         return ""

@@ -93,7 +93,8 @@ class Metrics:
 
     throughput_samples_per_s: Optional[float] = _doc(
         "world_size x batch_size x measured_steps / wall time of the measured steps (samples/s "
-        "over all processes; batch_size is per process).",
+        "over all processes; batch_size is per process); modelpar/pipeline: batch_size x "
+        "measured_steps / the slowest stage's wall time (the batch goes through every stage).",
         None,
     )
     measured_wall_s: Optional[float] = _doc("Wall time of the measured steps (synchronised).", None)
@@ -142,7 +143,10 @@ class Metrics:
     achieved_flops_per_s: Optional[float] = _doc(
         "flops_per_sample x throughput_samples_per_s.", None
     )
-    world_size: int = _doc("Processes that trained together (ddp/fsdp); 1 otherwise.", 1)
+    world_size: int = _doc(
+        "Processes that trained together (ddp/fsdp; the stages of modelpar/pipeline); 1 otherwise.",
+        1,
+    )
     batch_size_per_process: Optional[int] = _doc(
         "Samples per step in each process (cell.batch_size); the global batch is world_size x it.",
         None,
@@ -154,6 +158,11 @@ class Metrics:
     fsdp_wrap_policy: str = _doc(
         "How FSDP split the model into units, e.g. 'per block: BertLayer (12 units)'; '' "
         "without fsdp.",
+        "",
+    )
+    stage_split: str = _doc(
+        "How modelpar/pipeline cut the model's layers into stages, by layer index, name and "
+        "parameters, e.g. '0-7 stem..layer3.0 8.5M | 8-17 layer3.1..fc 17.0M'; '' otherwise.",
         "",
     )
     rank_measured_wall_s: list[float] = _doc(

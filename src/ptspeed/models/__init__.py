@@ -31,6 +31,30 @@ class Sizes:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """One layer of a model cut into stages (model parallelism, :mod:`ptspeed.cell.stages`):
+    its name, the module that holds its parameters and buffers, and ``run(x, batch)``: its
+    output (one tensor) from the previous layer's output ``x`` (None for the first layer,
+    which reads the batch)."""
+
+    name: str
+    module: Any
+    run: Callable[[Any, Batch], Any]
+
+
+@dataclass(frozen=True)
+class Layering:
+    """How a model is cut into stages: ``layers(model)``, its layers in order (the last one's
+    output is the inference output); ``loss(output, batch)``, the training loss from that
+    output, as ``ModelSpec.loss`` computes it; ``count(batch)``, how many terms the loss
+    averages over (None: the samples), which weighs the micro-batches of a pipeline."""
+
+    layers: Callable[[Any], list[Layer]]
+    loss: Callable[[Any, Batch], Any]
+    count: Callable[[Batch], Any] | None = None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     description: str
@@ -44,6 +68,9 @@ class ModelSpec:
     ragged_output: bool = False
     # Class names of the model's repeated blocks: FSDP wraps each as its own unit.
     blocks: tuple[str, ...] = ()
+    # The model as consecutive layers, for modelpar/pipeline; None: it cannot be cut (why).
+    layering: Layering | None = None
+    unstaged_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,14 +80,20 @@ class ModelEntry:
     module: str
     uses: tuple[str, ...]
     limits: dict[str, tuple[int, int]]
+    # Batch norm: a pipeline's micro-batches normalise with their own statistics (GPipe).
+    batch_norm: bool = False
 
 
 MAX_BATCH = 65536
 REGISTRY: dict[str, ModelEntry] = {
     "mlp": ModelEntry("ptspeed.models.seed", (), {}),
     "lstm-lm": ModelEntry("ptspeed.models.seed", ("seq_len",), {"seq_len": (1, 8192)}),
-    "resnet50": ModelEntry("ptspeed.models.vision", ("image_size",), {"image_size": (32, 2048)}),
-    "mask-rcnn": ModelEntry("ptspeed.models.vision", ("image_size",), {"image_size": (64, 2048)}),
+    "resnet50": ModelEntry(
+        "ptspeed.models.vision", ("image_size",), {"image_size": (32, 2048)}, batch_norm=True
+    ),
+    "mask-rcnn": ModelEntry(
+        "ptspeed.models.vision", ("image_size",), {"image_size": (64, 2048)}, batch_norm=True
+    ),
     "bert-base": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (8, 512)}),
     "gpt2": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (2, 1024)}),
 }
