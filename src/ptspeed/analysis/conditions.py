@@ -5,8 +5,11 @@ module judges it with the config's ``conditions`` thresholds (defaults in the co
 so a changed threshold re-judges old records without rerunning. A trial is perturbed when
 
 * other processes took more than ``max_other_cpu_share`` of its CPUs' time over the window
-  (``other_cpu_s / (window_s x affinity_cpus)``; not judged for windows shorter than
-  ``min_window_s``, which /proc/stat's 10 ms ticks cannot resolve);
+  (``other_cpu_s / (window_s x affinity_cpus)``), or left it less than ``min_cpu_left_ratio``
+  of the CPU share they left the run's typical trial (1 - that share, against its median over
+  the run's judged trials: a burst beside some trials, whatever the machine's steady
+  background); windows shorter than ``min_window_s``, which /proc/stat's 10 ms ticks cannot
+  resolve, are not judged by CPU;
 * the highest CPU clock (cpufreq) or GPU SM clock seen at the window's start and end was below
   ``min_clock_fraction`` of its maximum;
 * a GPU throttle reason of ``throttle_reasons`` was active; or
@@ -54,10 +57,9 @@ def judge_runs(runs: pd.DataFrame, config: Mapping[str, Any] | None = None) -> p
     """``runs`` with ``perturbed`` and ``perturbed_reason`` set for every ok trial."""
     thresholds = settings(config)
     runs = runs.copy()
-    verdicts = [
-        _judge(row, thresholds) if row["status"] == "ok" else (pd.NA, "")
-        for row in runs.to_dict("records")
-    ]
+    rows = runs.to_dict("records")
+    thresholds["_typical_cpu_left"] = _typical_cpu_left(rows, thresholds["min_window_s"])
+    verdicts = [_judge(row, thresholds) if row["status"] == "ok" else (pd.NA, "") for row in rows]
     runs["perturbed"] = pd.array([v[0] for v in verdicts], dtype="boolean")
     runs["perturbed_reason"] = [v[1] for v in verdicts]
     return runs
@@ -69,7 +71,7 @@ def _judge(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> tuple[Any, 
         return pd.NA, ""
     reasons = [
         reason
-        for rule in (_cpu_share, _cpu_clock, _gpu_clock, _throttled, _gpu_neighbours)
+        for rule in (_cpu_share, _cpu_left, _cpu_clock, _gpu_clock, _throttled, _gpu_neighbours)
         if (reason := rule(row, thresholds))
     ]
     return bool(reasons), "; ".join(reasons)
@@ -84,10 +86,37 @@ def other_cpu_share(row: Mapping[str, Any]) -> float:
 
 
 def _cpu_share(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
-    share, limit = other_cpu_share(row), thresholds["max_other_cpu_share"]
-    if math.isnan(share) or float(row["window_s"]) < thresholds["min_window_s"]:
+    share = _judged_share(row, thresholds["min_window_s"])
+    limit = thresholds["max_other_cpu_share"]
+    if math.isnan(share):
         return ""
     return f"other processes took {share:.0%} of its CPUs (> {limit:.0%})" if share > limit else ""
+
+
+def _judged_share(row: Mapping[str, Any], min_window_s: float) -> float:
+    """The other processes' CPU share of an ok trial whose window is long enough, else NaN."""
+    window = row.get("window_s")
+    if row.get("status") != "ok" or _blank(window) or float(window) < min_window_s:
+        return math.nan
+    return other_cpu_share(row)
+
+
+def _typical_cpu_left(rows: list[dict[str, Any]], min_window_s: float) -> float:
+    """The median CPU share other processes left the run's judged trials (NaN: none)."""
+    shares = [_judged_share(row, min_window_s) for row in rows]
+    left = [1.0 - share for share in shares if not math.isnan(share)]
+    return float(np.median(left)) if left else math.nan
+
+
+def _cpu_left(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    share = _judged_share(row, thresholds["min_window_s"])
+    typical, ratio = thresholds["_typical_cpu_left"], thresholds["min_cpu_left_ratio"]
+    if math.isnan(share) or math.isnan(typical) or 1.0 - share >= ratio * typical:
+        return ""
+    return (
+        f"other processes left it {1.0 - share:.0%} of its CPUs (< {ratio:.0%} of the "
+        f"{typical:.0%} they left the run's median trial)"
+    )
 
 
 def _clock_reason(what: str, highest: Any, limit: Any, fraction: float) -> str:
@@ -139,9 +168,9 @@ def perturbed_counts(perturbed: np.ndarray, reasons: np.ndarray) -> dict[str, An
     flags = [v is True or v is np.True_ for v in perturbed]
     seen: dict[str, int] = {}
     for flag, reason in zip(flags, reasons, strict=True):
-        for part in str(reason).split("; ") if flag and isinstance(reason, str) else ():
-            key = _reason_kind(part)
-            seen[key] = seen.get(key, 0) + 1
+        parts = str(reason).split("; ") if flag and isinstance(reason, str) else []
+        for kind in dict.fromkeys(_reason_kind(part) for part in parts):
+            seen[kind] = seen.get(kind, 0) + 1
     return {
         "perturbed_trials": sum(flags),
         "perturbed_reasons": "; ".join(f"{kind}: {n}" for kind, n in seen.items()),
@@ -151,9 +180,15 @@ def perturbed_counts(perturbed: np.ndarray, reasons: np.ndarray) -> dict[str, An
 def _reason_kind(reason: str) -> str:
     """The rule a reason comes from, without its numbers ("other processes took 78% …" →
     "other processes")."""
-    for kind in ("other processes took", "CPU clock", "GPU SM clock", "GPU throttled"):
+    for kind in (
+        "other processes took",
+        "other processes left",
+        "CPU clock",
+        "GPU SM clock",
+        "GPU throttled",
+    ):
         if reason.startswith(kind):
-            return kind.removesuffix(" took")
+            return "other processes" if kind.startswith("other") else kind
     return "other processes on its GPU" if "on its GPU" in reason else reason
 
 
