@@ -117,7 +117,7 @@ def _side_index(runs: pd.DataFrame, config: Mapping[str, Any]) -> dict[tuple[Any
         if any(pd.isna(v) for v in sizes) or not (rate > 0 and math.isfinite(rate)):
             continue
         side = index.setdefault((env, variant, model, mode, *map(int, sizes)), _Side())
-        side.perturbed += int(is_perturbed is True)
+        side.perturbed += int(not pd.isna(is_perturbed) and bool(is_perturbed))
         if not is_counted:
             continue
         side.rates.append(float(rate))
