@@ -143,6 +143,16 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "git_commit": "", "git_dirty": None, "hostname": "", "container_image": "",
             "container_digest": "", "platform": "", "os_release": "",
         },
+        "conditions": {
+            "window_s": None, "window_started_unix_s": None, "affinity_cpus": 0, "node_cpus": 0,
+            "pinned": None, "busy_cpu_s": None, "own_cpu_s": None, "other_cpu_s": None,
+            "steal_cpu_s": None, "cpu_tick_s": None, "load_average_start": None,
+            "load_average_end": None, "cpu_governors": None, "cpu_mhz_min": None,
+            "cpu_mhz_max": None, "cpu_mhz_limit": None, "gpu_source": "", "gpu_sm_mhz_min": None,
+            "gpu_sm_mhz_max": None, "gpu_sm_mhz_limit": None, "gpu_temperature_c_max": None,
+            "gpu_power_w_max": None, "gpu_power_limit_w": None, "gpu_throttle_reasons": "",
+            "gpu_other_processes": None, "sampling_s": None, "not_readable": "",
+        },
         "started_at": "", "finished_at": "", "duration_s": None, "schema_version": 2,
     }  # fmt: skip
     Draft202012Validator(json_schema()).validate(data)

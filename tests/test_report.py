@@ -130,6 +130,11 @@ def expected_median(row: dict[str, Any]) -> str:
     )
 
 
+def expected_perturbed(row: dict[str, Any]) -> str:
+    count, reasons = row["perturbed_trials"], row["perturbed_reasons"]
+    return f"{count} ({reasons})" if count and isinstance(reasons, str) and reasons else str(count)
+
+
 def expected_summary_table(summary: pd.DataFrame) -> list[list[str]]:
     rows = [
         [
@@ -148,6 +153,7 @@ def expected_summary_table(summary: pd.DataFrame) -> list[list[str]]:
             f"{format_samples_per_s(row['max_samples_per_s'])}",
             format_fraction_as_percent(row["cv"]),
             "yes" if row["noisy"] else "",
+            expected_perturbed(row),
             format_seconds(row["median_first_step_s"]),
             format_compile_time(
                 row["compile_time_s"], row["compile_time_cold_s"], row["compile_time_warm_s"]
@@ -271,6 +277,7 @@ def test_summary_rows_for_the_fixture(markdown: str, tables: dict[str, pd.DataFr
         "150.0–180.0",
         "12.9%",
         "yes",
+        "0",  # no trial recorded conditions: none perturbed
         "2.50 s",
         "0.00 s",  # torch-2.0 eager's first steps: 2.0 and 3.0 s, as compile's
         "100.5 MiB",

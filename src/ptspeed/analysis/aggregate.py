@@ -34,6 +34,7 @@ import pandas as pd
 import yaml
 
 from ptspeed.analysis.columns import CELL_KEYS, RUNS_COLUMNS, STEPS_COLUMNS, typed_runs, typed_steps
+from ptspeed.analysis.conditions import judge_runs
 from ptspeed.analysis.late_numerics import check_late_losses
 from ptspeed.analysis.records import read_row, step_rows
 
@@ -46,7 +47,9 @@ def load_tables(
 
     Train-mode trials then get the late numerics check against their environment's eager cell
     (:func:`ptspeed.analysis.late_numerics.check_late_losses`): a trial that fails it becomes
-    ``numerics_mismatch`` and its steps leave the steps frame.
+    ``numerics_mismatch`` and its steps leave the steps frame. Every ok trial is then judged
+    quiet or perturbed from its recorded conditions with ``config``'s thresholds
+    (:func:`ptspeed.analysis.conditions.judge_runs`).
 
     A path with no file gives a row with status ``missing``; a file that cannot be opened, is not
     JSON, or is not a record gives a row with status ``unreadable``; both reasons name the path.
@@ -60,6 +63,7 @@ def load_tables(
         if row["status"] == "ok":
             steps.extend(step_rows(row, step_times))
     runs = check_late_losses(typed_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS)))
+    runs = judge_runs(runs, config)
     steps = typed_steps(pd.DataFrame(steps, columns=STEPS_COLUMNS))
     return runs, _steps_of_ok_trials(steps, runs)
 

@@ -20,6 +20,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ptspeed.analysis.conditions import (
+    CONDITION_COLUMNS,
+    CONDITION_INT_COLUMNS,
+    CONDITION_TEXT_COLUMNS,
+    JUDGEMENT_COLUMNS,
+)
 from ptspeed.analysis.late_numerics import LATE_COLUMNS
 from ptspeed.analysis.staleness import STALE
 from ptspeed.cell.record import STATUSES, CellSpec, Metrics
@@ -82,6 +88,8 @@ RUNS_COLUMNS = [
     *PROVENANCE_COLUMNS,
     "started_at",
     "duration_s",
+    *CONDITION_COLUMNS,
+    *JUDGEMENT_COLUMNS,
 ]
 
 CELL_KEYS = ["env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
@@ -108,6 +116,8 @@ SUMMARY_COLUMNS = [
     "memory_kind",
     "reasons",
     "retried_from_batch_size",
+    "perturbed_trials",
+    "perturbed_reasons",
 ]
 # Each column of the speedups table and whether it holds text (the rest are numbers).
 _SPEEDUP_COLUMN_IS_TEXT = {
@@ -126,6 +136,8 @@ _SPEEDUP_COLUMN_IS_TEXT = {
     "candidate_trials": False,
     "baseline_statuses": True,
     "candidate_statuses": True,
+    "baseline_perturbed_trials": False,
+    "candidate_perturbed_trials": False,
     "speedup": False,
     "speedup_low": False,
     "speedup_high": False,
@@ -166,6 +178,7 @@ _INT_COLUMNS = [
     "torch_threads",
     "world_size",
     "batch_size_per_process",
+    *CONDITION_INT_COLUMNS,
 ]
 _TEXT_METRICS = [name for name, kind in _METRIC_TYPES.items() if kind == "str"]
 _FLOAT_COLUMNS = [
@@ -175,9 +188,15 @@ _FLOAT_COLUMNS = [
     "numerics_tolerance",
     *LATE_COLUMNS[:-1],
     "duration_s",
+    *(
+        c
+        for c in CONDITION_COLUMNS
+        if c not in (*CONDITION_INT_COLUMNS, *CONDITION_TEXT_COLUMNS, "pinned")
+    ),
 ]
+_FLAG_COLUMNS = ["numerics_passed", "pinned", "perturbed"]
 _TEXT_COLUMNS = [
-    c for c in RUNS_COLUMNS if c not in (*_INT_COLUMNS, *_FLOAT_COLUMNS, "numerics_passed")
+    c for c in RUNS_COLUMNS if c not in (*_INT_COLUMNS, *_FLOAT_COLUMNS, *_FLAG_COLUMNS)
 ]
 
 SUMMARY_TEXT_COLUMNS = [
@@ -190,6 +209,7 @@ SUMMARY_TEXT_COLUMNS = [
     "memory_kind",
     "reasons",
     "retried_from_batch_size",
+    "perturbed_reasons",
 ]
 SPEEDUP_TEXT_COLUMNS = [c for c, is_text in _SPEEDUP_COLUMN_IS_TEXT.items() if is_text]
 TEXT_COLUMNS = sorted({*_TEXT_COLUMNS, *SUMMARY_TEXT_COLUMNS, *SPEEDUP_TEXT_COLUMNS})
@@ -204,7 +224,8 @@ def typed_runs(runs: pd.DataFrame) -> pd.DataFrame:
         runs[column] = _as_int(runs[column])
     for column in _FLOAT_COLUMNS:
         runs[column] = _as_float_column(runs[column])
-    runs["numerics_passed"] = _as_boolean(runs["numerics_passed"])
+    for column in _FLAG_COLUMNS:
+        runs[column] = _as_boolean(runs[column])
     for column in _TEXT_COLUMNS:
         runs[column] = _as_text(runs[column])
     return runs

@@ -28,9 +28,18 @@ from ptspeed.analysis.columns import (
     PROVENANCE_COLUMNS,
     UNREADABLE,
 )
+from ptspeed.analysis.conditions import CONDITION_COLUMNS
 from ptspeed.analysis.late_numerics import recorded_late_check
 from ptspeed.analysis.staleness import STALE, stale_reason
-from ptspeed.cell.record import STATUSES, CellSpec, Metrics, NumericsCheck, Provenance, Record
+from ptspeed.cell.record import (
+    STATUSES,
+    CellSpec,
+    Conditions,
+    Metrics,
+    NumericsCheck,
+    Provenance,
+    Record,
+)
 from ptspeed.plan.layout import cell_from_path
 
 
@@ -114,7 +123,13 @@ def _field_defaults(cls: type) -> dict[str, Any]:
     return defaults
 
 
-_PARTS = {"cell": CellSpec, "metrics": Metrics, "numerics": NumericsCheck, "provenance": Provenance}
+_PARTS = {
+    "cell": CellSpec,
+    "metrics": Metrics,
+    "numerics": NumericsCheck,
+    "provenance": Provenance,
+    "conditions": Conditions,
+}
 _DEFAULTS = {name: _field_defaults(cls) for name, cls in _PARTS.items()}
 _CELL_DEFAULTS = _DEFAULTS["cell"]
 _REQUIRED_CELL_KEYS = [name for name in CELL_FIELDS if name not in _CELL_DEFAULTS]
@@ -123,7 +138,7 @@ _REQUIRED_CELL_KEYS = [name for name in CELL_FIELDS if name not in _CELL_DEFAULT
 def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
     """One runs row (without ``record_path``) from a record's checked JSON."""
     parts = {name: {**_DEFAULTS[name], **(data.get(name) or {})} for name in _PARTS}
-    cell, metrics, numerics, provenance = (parts[name] for name in _PARTS)
+    cell, metrics, numerics, provenance, conditions = (parts[name] for name in _PARTS)
     packages = provenance.get("packages")
     packages = packages if isinstance(packages, dict) else {}
     return {
@@ -137,6 +152,7 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
         **{key: packages.get(key, "") for key in PACKAGE_COLUMNS},
         "started_at": data.get("started_at", ""),
         "duration_s": data.get("duration_s"),
+        **{key: conditions.get(key) for key in CONDITION_COLUMNS},
     }
 
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis import ranks
+from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.claims import NOT_MEASURED, published_figures, verdict
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE, SIZE_KEYS, SPEEDUP_COLUMNS
+from ptspeed.analysis.conditions import counted_in_speedups
 from ptspeed.analysis.late_numerics import precision_of
 from ptspeed.errors import ConfigError
 from ptspeed.plan.layout import configured_sizes
@@ -30,6 +31,7 @@ class _Side:
     """The ok trials of one cell, as a speedup reads them."""
 
     rates: list[float] = field(default_factory=list)
+    perturbed: int = 0  # ok trials judged perturbed (left out of rates unless kept)
     devices: dict[str, None] = field(default_factory=dict)
     precisions: dict[str, None] = field(default_factory=dict)
 
@@ -64,7 +66,8 @@ def speedups(
     """
     check_speedup_config(config)
     claims = claims or {}
-    index = _Index(_summary_index(summary), _side_index(runs) if runs is not None else None)
+    sides = _side_index(runs, config) if runs is not None else None
+    index = _Index(_summary_index(summary), sides)
     rows = []
     for name, comparison in config["comparisons"].items():
         for model in config["models"]:
@@ -100,17 +103,23 @@ def _summary_index(summary: pd.DataFrame) -> dict[tuple[Any, ...], list[dict[str
     return index
 
 
-def _side_index(runs: pd.DataFrame) -> dict[tuple[Any, ...], _Side]:
+def _side_index(runs: pd.DataFrame, config: Mapping[str, Any]) -> dict[tuple[Any, ...], _Side]:
     ok = runs[runs["status"] == "ok"]
+    counted = counted_in_speedups(ok, config)
+    perturbed = ok["perturbed"] if "perturbed" in ok.columns else pd.Series(False, ok.index)
     names = ["env", "variant", "model", "mode", *SIZE_KEYS, "throughput_samples_per_s"]
     names += ["knobs", "device_name", "device_index", "numerics_precision"]
     index: dict[tuple[Any, ...], _Side] = {}
-    for row in ok[names].itertuples(index=False, name=None):
+    rows = zip(ok[names].itertuples(index=False, name=None), counted, perturbed, strict=True)
+    for row, is_counted, is_perturbed in rows:
         env, variant, model, mode, *sizes = row[:7]
         rate, knobs, device_name, device_index, precision = row[7:]
         if any(pd.isna(v) for v in sizes) or not (rate > 0 and math.isfinite(rate)):
             continue
         side = index.setdefault((env, variant, model, mode, *map(int, sizes)), _Side())
+        side.perturbed += int(not pd.isna(is_perturbed) and bool(is_perturbed))
+        if not is_counted:
+            continue
         side.rates.append(float(rate))
         device_class = "cpu" if pd.isna(device_index) else "cuda"
         side.devices[_device_label(device_name, device_class)] = None
@@ -144,8 +153,9 @@ def _speedup_row(
         **_side("baseline", base),
         **_side("candidate", cand),
     }
-    row["speedup"] = _ratio(row["candidate_samples_per_s"], row["baseline_samples_per_s"])
     sides = _trial_sides(index, base_spec, cand_spec, model, mode, size)
+    row.update(_counted_trials("baseline", sides[0]) | _counted_trials("candidate", sides[1]))
+    row["speedup"] = _ratio(row["candidate_samples_per_s"], row["baseline_samples_per_s"])
     row.update(_interval(*sides, row["speedup"]))
     row.update(_measured_on(*sides))
     row["verdict"], row["verdict_reason"] = verdict(row, claims, config.get("device", ""))
@@ -280,6 +290,22 @@ def _side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
         f"{prefix}_samples_per_s": median,
         f"{prefix}_trials": ok_trials,
         f"{prefix}_statuses": statuses,
+        f"{prefix}_perturbed_trials": int(row.get("perturbed_trials") or 0)
+        if row is not None
+        else 0,
+    }
+
+
+def _counted_trials(prefix: str, side: _Side | None) -> dict[str, Any]:
+    """A side's median and trial count over the trials its speedup uses (the quiet ones,
+    unless conditions.keep_perturbed), and how many ok trials were perturbed."""
+    if side is None:
+        return {}
+    median = stats.summarise(side.rates, CONFIDENCE).median if side.rates else math.nan
+    return {
+        f"{prefix}_samples_per_s": median,
+        f"{prefix}_trials": len(side.rates),
+        f"{prefix}_perturbed_trials": side.perturbed,
     }
 
 

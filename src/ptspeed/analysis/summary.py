@@ -26,6 +26,7 @@ from ptspeed.analysis.columns import (
     SUMMARY_COLUMNS,
     UNREADABLE,
 )
+from ptspeed.analysis.conditions import perturbed_counts
 from ptspeed.analysis.staleness import STALE
 
 
@@ -43,7 +44,9 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     median first step of the eager cell of the same environment, model, mode and sizes (NaN for
     eager itself or without an eager cell). Where records say which compiler cache a trial
     found (``compiler_cache``: ``cold`` or ``warm``), ``compile_time_cold_s`` and
-    ``compile_time_warm_s`` are the same over those trials alone.
+    ``compile_time_warm_s`` are the same over those trials alone. ``perturbed_trials`` counts
+    the ok trials judged perturbed (:mod:`ptspeed.analysis.conditions`; they stay in these
+    statistics) and ``perturbed_reasons`` says by what.
     """
     known = runs[~(runs["status"].isin([MISSING, UNREADABLE, STALE]) & runs["env"].isna())]
     if known.empty:
@@ -71,6 +74,8 @@ _SUMMARY_INPUTS = [
     "retried_from_batch_size",
     "knobs",
     "compiler_cache",
+    "perturbed",
+    "perturbed_reason",
 ]
 COMPILER_CACHES = ("cold", "warm")
 
@@ -147,6 +152,7 @@ def _cell_stats(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
         "retried_from_batch_size": ", ".join(
             str(int(v)) for v in dict.fromkeys(_finite_numbers(trials["retried_from_batch_size"]))
         ),
+        **perturbed_counts(trials["perturbed"][ok], trials["perturbed_reason"][ok]),
     }
 
 

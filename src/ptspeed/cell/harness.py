@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell import numerics
+from ptspeed.cell import conditions, numerics
 from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_reason
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
-from ptspeed.cell.record import CellSpec, Metrics, Record, utc_now
+from ptspeed.cell.record import CellSpec, Conditions, Metrics, Record, utc_now
 from ptspeed.cell.reference import (
     CheckCapture,
     Snapshot,
@@ -65,6 +65,7 @@ class VariantRun:
     metrics: Metrics
     checks: list[tuple[Snapshot, numerics.StepValues]]
     check_from: int
+    conditions: Conditions
 
 
 class SingleProcess:
@@ -172,6 +173,7 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     run = _measure_variant(spec, model_spec, model, knobs, host_batch, device, placement)
     record.metrics = run.metrics
     record.metrics.compiler_cache = cache
+    record.conditions = run.conditions
     del model
     release_memory(device)
     if not placement.reports:
@@ -257,7 +259,9 @@ def _measure_variant(
             return run_step(next(indices))
         return step(next_batch())  # nothing else on the timed path of a real cell
 
+    window = conditions.begin(device)  # samples outside the timed loop, at both ends
     timing, last_output = timed_loop(make_timer(torch, device), measured_step, spec.measured_steps)
+    window_conditions = window.end()
     memory_bytes, memory_kind = _peak_memory(device)
     checks = warmup.checks
     if plan.check_count:
@@ -293,7 +297,7 @@ def _measure_variant(
             ),
             "",
         )
-    return VariantRun(metrics=metrics, checks=checks, check_from=plan.check_from)
+    return VariantRun(metrics, checks, plan.check_from, window_conditions)
 
 
 def _wants_check(spec: CellSpec, knobs: Knobs) -> bool:

@@ -90,7 +90,7 @@ def _float32_matmul_precision(torch: Any) -> str:
     return getter() if getter is not None else ""
 
 
-def _smi_id(index: int) -> str:
+def smi_id(index: int) -> str:
     """nvidia-smi's name for torch's device ``index``: nvidia-smi ignores
     CUDA_VISIBLE_DEVICES, whose entries (indices or UUIDs) say which GPU torch's index is."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
@@ -109,7 +109,7 @@ def _nccl_version(torch: Any) -> str:
 def _gpu_state(index: int) -> str:
     """Clocks, power and temperature of GPU ``index`` as nvidia-smi reports them."""
     query = f"--query-gpu={GPU_STATE_QUERY}"
-    output = _run(["nvidia-smi", f"--id={_smi_id(index)}", query, "--format=csv,noheader"])
+    output = _run(["nvidia-smi", f"--id={smi_id(index)}", query, "--format=csv,noheader"])
     if not output:
         return ""
     values = [value.strip() for value in output.splitlines()[0].split(",")]

@@ -174,6 +174,74 @@ class Metrics:
 
 
 @dataclass
+class Conditions:
+    """What else ran while the trial measured, sampled at its measured window's start and end
+    (never inside it; see ptspeed.cell.conditions). Whether the trial was perturbed is judged
+    from these values when the tables are made (config conditions), not here. Null: not
+    measured (a trial that ended before its window, an older record) or not readable here
+    (see not_readable)."""
+
+    window_s: Optional[float] = _doc(
+        "Wall time between the two samples (the measured window).", None
+    )
+    window_started_unix_s: Optional[float] = _doc(
+        "When the measured window started (Unix time, seconds).", None
+    )
+    affinity_cpus: int = _doc("CPUs the cell's process may run on (os.sched_getaffinity).", 0)
+    node_cpus: int = _doc("Logical CPUs of the node (os.cpu_count).", 0)
+    pinned: Optional[bool] = _doc("Whether the cell's CPUs are fewer than the node's.", None)
+    busy_cpu_s: Optional[float] = _doc(
+        "Non-idle CPU time of the cell's CPUs over the window, every process's (/proc/stat; "
+        "steal included).",
+        None,
+    )
+    own_cpu_s: Optional[float] = _doc(
+        "CPU time of the cell's own processes over the window: every process of its session "
+        "(the worker's threads, its DataLoader and compile workers, torchrun's ranks).",
+        None,
+    )
+    other_cpu_s: Optional[float] = _doc(
+        "busy_cpu_s - own_cpu_s: CPU time other processes (and the hypervisor's steal) took on "
+        "the cell's CPUs; accurate to a few cpu_tick_s.",
+        None,
+    )
+    steal_cpu_s: Optional[float] = _doc(
+        "CPU time the hypervisor gave to other guests on the cell's CPUs (/proc/stat steal).",
+        None,
+    )
+    cpu_tick_s: Optional[float] = _doc("Resolution of the CPU times (1 / USER_HZ).", None)
+    load_average_start: Optional[float] = _doc("1-minute load average at the start.", None)
+    load_average_end: Optional[float] = _doc("1-minute load average at the end.", None)
+    cpu_governors: Optional[str] = _doc(
+        "cpufreq scaling governor(s) of the cell's CPUs; null where cpufreq is absent (most "
+        "VMs and containers).",
+        None,
+    )
+    cpu_mhz_min: Optional[float] = _doc(
+        "Lowest clock of the cell's CPUs at the two samples (cpufreq).", None
+    )
+    cpu_mhz_max: Optional[float] = _doc("Highest, likewise.", None)
+    cpu_mhz_limit: Optional[float] = _doc("Their maximum clock (cpuinfo_max_freq).", None)
+    gpu_source: str = _doc("'nvml' (pynvml) or 'nvidia-smi'; '' off CUDA or unreadable.", "")
+    gpu_sm_mhz_min: Optional[float] = _doc("Lowest SM clock at the two samples (CUDA).", None)
+    gpu_sm_mhz_max: Optional[float] = _doc("Highest SM clock at the two samples.", None)
+    gpu_sm_mhz_limit: Optional[float] = _doc("The GPU's maximum SM clock.", None)
+    gpu_temperature_c_max: Optional[float] = _doc("Highest GPU temperature (°C).", None)
+    gpu_power_w_max: Optional[float] = _doc("Highest power draw (W).", None)
+    gpu_power_limit_w: Optional[float] = _doc("Enforced power limit (W).", None)
+    gpu_throttle_reasons: str = _doc(
+        "Clock throttle reasons active at either sample (NVML's names, idle left out), "
+        "comma-separated.",
+        "",
+    )
+    gpu_other_processes: Optional[int] = _doc(
+        "Most compute processes on the GPU at a sample that are not the cell's.", None
+    )
+    sampling_s: Optional[float] = _doc("What taking the two samples cost (seconds).", None)
+    not_readable: str = _doc("What could not be read here, '; '-separated.", "")
+
+
+@dataclass
 class NumericsCheck:
     """The variant's check steps compared with eager steps from the same snapshot.
 
@@ -302,6 +370,7 @@ class Record:
     metrics: Metrics = _doc("What was measured.", None)
     numerics: NumericsCheck = _doc("Comparison with the eager fp32 reference.", None)
     provenance: Provenance = _doc("Software and hardware.", None)
+    conditions: Conditions = _doc("What else ran during the measured window.", None)
     started_at: str = _doc("UTC start time, ISO 8601.", "")
     finished_at: str = _doc("UTC end time, ISO 8601.", "")
     duration_s: Optional[float] = _doc("Wall time of the whole cell process.", None)
@@ -313,6 +382,7 @@ class Record:
         self.metrics = self.metrics or Metrics()
         self.numerics = self.numerics or NumericsCheck()
         self.provenance = self.provenance or Provenance()
+        self.conditions = self.conditions or Conditions()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -11,6 +11,7 @@ import pandas as pd
 
 from ptspeed.analysis import late_numerics, ranks, stats
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE
+from ptspeed.analysis.conditions import settings
 from ptspeed.cell.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank
 from ptspeed.render.page import Block, ReportInputs, Section
@@ -143,6 +144,7 @@ def method_section(inputs: ReportInputs) -> Section:
             "graph-captured variants, its dropout masks change)",
         ],
         ["late numerics check", _late_check_method()],
+        ["perturbed trials", _perturbed_method(config)],
         ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
     ]
     rows = [{"name": name, "value": value} for name, value in pairs]
@@ -207,6 +209,30 @@ def _late_check_method() -> str:
         f"{late_numerics.EAGER_SPREAD_MULTIPLIER:g} × the eager trials' own spread; a non-finite "
         "last loss always fails; a failing trial becomes numerics_mismatch and leaves the "
         "statistics"
+    )
+
+
+def _perturbed_method(config: Mapping[str, Any]) -> str:
+    """The rules that judge a trial perturbed, with this run's thresholds."""
+    rules = settings(config)
+    throttles = ", ".join(rules["throttle_reasons"]) or "none"
+    fate = (
+        "kept in the speedups (conditions.keep_perturbed)"
+        if rules["keep_perturbed"]
+        else "left out of the speedups (and their n)"
+    )
+    return (
+        "each ok trial's conditions, sampled at its measured window's start and end (never "
+        "inside it), judged when the tables are made: perturbed when other processes took more "
+        f"than {rules['max_other_cpu_share']:.0%} of its CPUs' time over the window (/proc/stat's "
+        "non-idle time of those CPUs minus the CPU time of the cell's own processes) or left it "
+        f"less than {rules['min_cpu_left_ratio']:.0%} of the CPU share they left the run's median "
+        f"trial (windows under {rules['min_window_s']:g} s are too short to judge), when the "
+        "highest CPU or GPU "
+        f"SM clock seen was below {rules['min_clock_fraction']:.0%} of its maximum, when a GPU "
+        f"throttle reason was active ({throttles}), or when more than "
+        f"{rules['max_other_gpu_processes']} other process(es) used its GPU; a perturbed trial "
+        f"stays in runs and the cell statistics, marked, and is {fate}"
     )
 
 

@@ -19,6 +19,7 @@ import jinja2
 import pandas as pd
 
 from ptspeed.analysis.columns import RUNS_COLUMNS, SPEEDUP_COLUMNS, STEPS_COLUMNS, SUMMARY_COLUMNS
+from ptspeed.analysis.conditions import mostly_perturbed
 from ptspeed.cell.record import write_atomic
 from ptspeed.render.page import ReportInputs
 from ptspeed.render.sections import build_sections
@@ -51,11 +52,12 @@ def render(
         check_columns(steps, STEPS_COLUMNS, "steps")
     inputs = ReportInputs(runs, summary, speedups, config, claims, steps)
     sections = build_sections(inputs)
+    warning = mostly_perturbed(runs)
     environment = template_environment(templates_dir)
     outputs = {"index.html": HTML_TEMPLATE, "report.md": MARKDOWN_TEMPLATE}
     written = []
     for filename, template in outputs.items():
-        text = environment.get_template(template).render(sections=sections)
+        text = environment.get_template(template).render(sections=sections, warning=warning)
         path = Path(out_dir) / filename
         write_atomic(path, text)
         written.append(path)

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from ptspeed.analysis import stats
+from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.render.figures import (
     FIRST_STEP,
@@ -31,6 +32,7 @@ from ptspeed.render.tables import (
     CLAIMS_TABLE,
     FAILURES_TABLE,
     NOISY_TABLE,
+    PERTURBED_TABLE,
     RETRIED_TABLE,
     SEED_TABLE,
     SUMMARY_TABLE,
@@ -40,8 +42,9 @@ from ptspeed.render.tables import (
 
 def seed_section(inputs: ReportInputs) -> Section:
     frame = inputs.speedups
+    keep = bool(settings(inputs.config)["keep_perturbed"])
     blocks = [
-        _comparison_block(frame[frame["comparison"] == name], inputs.claims)
+        _comparison_block(frame[frame["comparison"] == name], inputs.claims, keep)
         for name in dict.fromkeys(frame["comparison"])
     ]
     return Section(
@@ -59,16 +62,30 @@ def seed_section(inputs: ReportInputs) -> Section:
     )
 
 
-def _comparison_block(rows: pd.DataFrame, claims: Mapping[str, Any]) -> Block:
+def _comparison_block(
+    rows: pd.DataFrame, claims: Mapping[str, Any], keep_perturbed: bool = False
+) -> Block:
     first = rows.iloc[0]
     table = Table.of(SEED_TABLE, rows.to_dict("records"))
     sides = (
         f"baseline {first['baseline_env']}/{first['baseline_variant']} → "
         f"candidate {first['candidate_env']}/{first['candidate_variant']}"
     )
-    return Block(
-        table=table, heading=format_text(first["title"]), note=_claim_note(sides, first, claims)
-    )
+    note = _claim_note(sides, first, claims) + _left_out_note(rows, keep_perturbed)
+    return Block(table=table, heading=format_text(first["title"]), note=note)
+
+
+def _left_out_note(rows: pd.DataFrame, keep_perturbed: bool) -> str:
+    """How many perturbed trials each side had, and whether the speedups left them out."""
+    counts = {
+        side: int(pd.to_numeric(rows[f"{side}_perturbed_trials"], errors="coerce").fillna(0).max())
+        for side in ("baseline", "candidate")
+    }
+    if not any(counts.values()):
+        return ""
+    what = "kept (conditions.keep_perturbed)" if keep_perturbed else "left out of n and the speedup"
+    shown = ", ".join(f"{side} up to {n}" for side, n in counts.items() if n)
+    return f" Perturbed trials ({shown} per model; see Perturbed trials): {what}."
 
 
 def _claim_note(sides: str, row: Mapping[str, Any], claims: Mapping[str, Any]) -> str:
@@ -183,7 +200,7 @@ def failures_section(inputs: ReportInputs) -> Section:
     counts = status_counts(runs["status"]) or "none"
     return Section(
         id="failures",
-        title="Failures, unsupported, missing and noisy cells",
+        title="Failures, unsupported, missing, perturbed and noisy",
         intro=(
             f"Records by status: {counts}. Every record whose status is not ok, with its reason "
             "(stale: a record of another cell than the configuration asks for, e.g. left by an "
@@ -192,6 +209,7 @@ def failures_section(inputs: ReportInputs) -> Section:
         blocks=[
             Block(table=failures),
             *_retried_blocks(runs),
+            _perturbed_block(runs, inputs.config),
             Block(
                 table=noise,
                 heading="Noisy cells",
@@ -219,6 +237,22 @@ def _retried_blocks(runs: pd.DataFrame) -> list[Block]:
         "configured one, and a speedup only pairs cells of the same batch size."
     )
     return [Block(table=table, heading="Retried at half the batch size", note=note)]
+
+
+def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
+    """The trials judged perturbed by what ran beside them (see the method's rules)."""
+    flagged = runs["perturbed"].map(is_true).astype(bool)
+    judged = int(runs["perturbed"].notna().sum())
+    kept = settings(config)["keep_perturbed"]
+    fate = (
+        "kept in the speedups (conditions.keep_perturbed)" if kept else "left out of the speedups"
+    )
+    note = (
+        f"{int(flagged.sum())} of {judged} judged ok trials ran perturbed (rules in Method): "
+        f"they stay in every cell's statistics, marked, and are {fate}."
+    )
+    table = Table.of(PERTURBED_TABLE, runs[flagged].to_dict("records"))
+    return Block(table=table, heading="Perturbed trials", note=note)
 
 
 SECTION_BUILDERS: list[Callable[[ReportInputs], Section]] = [

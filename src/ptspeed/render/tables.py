@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ptspeed.analysis.conditions import other_cpu_share
 from ptspeed.render.formatting import (
     BLANK,
     format_batch,
@@ -157,6 +158,14 @@ def _spread(row: Row) -> str:
     return BLANK if is_blank(low) else f"{format_samples_per_s(low)}–{format_samples_per_s(high)}"
 
 
+def _perturbed(row: Row) -> str:
+    count = row.get("perturbed_trials")
+    if is_blank(count):
+        return BLANK
+    reasons = row.get("perturbed_reasons")
+    return format_int(count) + ("" if is_blank(reasons) or not count else f" ({reasons})")
+
+
 def _compile_time(row: Row) -> str:
     return format_compile_time(
         row["compile_time_s"], row["compile_time_cold_s"], row["compile_time_warm_s"]
@@ -173,6 +182,7 @@ SUMMARY_TABLE = [
     Column("min–max samples/s", _spread, align="right"),
     CV,
     Column("noisy", lambda row: format_flag(row["noisy"])),
+    Column("perturbed trials", _perturbed, wrap=True),
     Column("first step", lambda row: format_seconds(row["median_first_step_s"]), align="right"),
     Column("compile time", _compile_time, align="right"),
     Column("peak memory", lambda row: format_mib(row["median_peak_memory_bytes"]), align="right"),
@@ -202,6 +212,20 @@ def _record_columns(batch: Column) -> list[Column]:
 FAILURES_TABLE = _record_columns(Column("batch", _batch, align="right"))
 # Every batch here reads "8 (retried from 16)": prose that may wrap.
 RETRIED_TABLE = _record_columns(Column("batch", _batch, wrap=True))
+
+
+def _other_share(row: Row) -> str:
+    return format_fraction_as_percent(other_cpu_share(row))
+
+
+PERTURBED_TABLE = [
+    *CELL_COLUMNS,
+    Column("batch", _batch, align="right"),
+    Column("trial", integer("trial"), align="right"),
+    Column("samples/s", lambda row: format_samples_per_s(row["throughput_samples_per_s"])),
+    Column("others' CPU share", _other_share, align="right"),
+    Column("why perturbed", text("perturbed_reason"), wrap=True),
+]
 
 NOISY_TABLE = [
     *CELL_COLUMNS,

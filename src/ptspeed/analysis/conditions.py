@@ -1,0 +1,208 @@
+"""Perturbed trials: each ok trial judged quiet or perturbed from the conditions it recorded.
+
+A cell records what else ran during its measured window (:mod:`ptspeed.cell.conditions`); this
+module judges it with the config's ``conditions`` thresholds (defaults in the config schema),
+so a changed threshold re-judges old records without rerunning. A trial is perturbed when
+
+* other processes took more than ``max_other_cpu_share`` of its CPUs' time over the window
+  (``other_cpu_s / (window_s x affinity_cpus)``), or left it less than ``min_cpu_left_ratio``
+  of the CPU share they left the run's typical trial (1 - that share, against its median over
+  the run's judged trials: a burst beside some trials, whatever the machine's steady
+  background); windows shorter than ``min_window_s``, which /proc/stat's 10 ms ticks cannot
+  resolve, are not judged by CPU;
+* the highest CPU clock (cpufreq) or GPU SM clock seen at the window's start and end was below
+  ``min_clock_fraction`` of its maximum;
+* a GPU throttle reason of ``throttle_reasons`` was active; or
+* more than ``max_other_gpu_processes`` processes that are not the cell's used its GPU.
+
+:func:`judge_runs` adds ``perturbed`` (true, false, or blank where nothing could be judged: a
+trial that is not ok or recorded no conditions) and ``perturbed_reason`` to the runs frame.
+Perturbed trials stay in runs and the summary, marked (:func:`perturbed_counts`), and leave the
+speedups unless ``keep_perturbed`` (:func:`counted_in_speedups`). Pure; no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ptspeed.cell.record import Conditions
+from ptspeed.plan.config import fill_defaults, load_schema
+
+CONDITION_COLUMNS = [f.name for f in dataclasses.fields(Conditions)]
+CONDITION_TEXT_COLUMNS = [
+    f.name for f in dataclasses.fields(Conditions) if f.type in ("str", "Optional[str]")
+]
+CONDITION_INT_COLUMNS = ["affinity_cpus", "node_cpus", "gpu_other_processes"]
+JUDGEMENT_COLUMNS = ["perturbed", "perturbed_reason"]
+# A run where more than this share of the judged trials was perturbed says so at the top.
+MOSTLY = 0.5
+
+
+def settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``conditions`` thresholds of ``config``, the schema's defaults filling the gaps."""
+    given = (config or {}).get("conditions")
+    filled: dict[str, Any] = {"conditions": dict(given) if isinstance(given, Mapping) else {}}
+    schema = load_schema()
+    fill_defaults(filled, {"properties": {"conditions": schema["properties"]["conditions"]}})
+    return filled["conditions"]
+
+
+def judge_runs(runs: pd.DataFrame, config: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """``runs`` with ``perturbed`` and ``perturbed_reason`` set for every ok trial."""
+    thresholds = settings(config)
+    runs = runs.copy()
+    rows = runs.to_dict("records")
+    thresholds["_typical_cpu_left"] = _typical_cpu_left(rows, thresholds["min_window_s"])
+    verdicts = [_judge(row, thresholds) if row["status"] == "ok" else (pd.NA, "") for row in rows]
+    runs["perturbed"] = pd.array([v[0] for v in verdicts], dtype="boolean")
+    runs["perturbed_reason"] = [v[1] for v in verdicts]
+    return runs
+
+
+def _judge(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> tuple[Any, str]:
+    """(perturbed, why) of one ok trial; (NA, '') where it recorded nothing to judge."""
+    if _blank(row.get("window_s")):
+        return pd.NA, ""
+    reasons = [
+        reason
+        for rule in (_cpu_share, _cpu_left, _cpu_clock, _gpu_clock, _throttled, _gpu_neighbours)
+        if (reason := rule(row, thresholds))
+    ]
+    return bool(reasons), "; ".join(reasons)
+
+
+def other_cpu_share(row: Mapping[str, Any]) -> float:
+    """The share of the trial's CPUs' time other processes took over its window (NaN: unknown)."""
+    other, window, cpus = row.get("other_cpu_s"), row.get("window_s"), row.get("affinity_cpus")
+    if any(_blank(v) for v in (other, window, cpus)) or not window or not cpus:
+        return math.nan
+    return max(0.0, float(other)) / (float(window) * float(cpus))
+
+
+def _cpu_share(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    share = _judged_share(row, thresholds["min_window_s"])
+    limit = thresholds["max_other_cpu_share"]
+    if math.isnan(share):
+        return ""
+    return f"other processes took {share:.0%} of its CPUs (> {limit:.0%})" if share > limit else ""
+
+
+def _judged_share(row: Mapping[str, Any], min_window_s: float) -> float:
+    """The other processes' CPU share of an ok trial whose window is long enough, else NaN."""
+    window = row.get("window_s")
+    if row.get("status") != "ok" or _blank(window) or float(window) < min_window_s:
+        return math.nan
+    return other_cpu_share(row)
+
+
+def _typical_cpu_left(rows: list[dict[str, Any]], min_window_s: float) -> float:
+    """The median CPU share other processes left the run's judged trials (NaN: none)."""
+    shares = [_judged_share(row, min_window_s) for row in rows]
+    left = [1.0 - share for share in shares if not math.isnan(share)]
+    return float(np.median(left)) if left else math.nan
+
+
+def _cpu_left(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    share = _judged_share(row, thresholds["min_window_s"])
+    typical, ratio = thresholds["_typical_cpu_left"], thresholds["min_cpu_left_ratio"]
+    if math.isnan(share) or math.isnan(typical) or 1.0 - share >= ratio * typical:
+        return ""
+    return (
+        f"other processes left it {1.0 - share:.0%} of its CPUs (< {ratio:.0%} of the "
+        f"{typical:.0%} they left the run's median trial)"
+    )
+
+
+def _clock_reason(what: str, highest: Any, limit: Any, fraction: float) -> str:
+    if _blank(highest) or _blank(limit) or not limit:
+        return ""
+    if float(highest) >= fraction * float(limit):
+        return ""
+    return f"{what} clock {float(highest):.0f} MHz < {fraction:.0%} of its {float(limit):.0f} MHz"
+
+
+def _cpu_clock(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    fraction = thresholds["min_clock_fraction"]
+    return _clock_reason("CPU", row.get("cpu_mhz_max"), row.get("cpu_mhz_limit"), fraction)
+
+
+def _gpu_clock(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    fraction = thresholds["min_clock_fraction"]
+    return _clock_reason("GPU SM", row.get("gpu_sm_mhz_max"), row.get("gpu_sm_mhz_limit"), fraction)
+
+
+def _throttled(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    active = row.get("gpu_throttle_reasons")
+    names = [n.strip() for n in active.split(",")] if isinstance(active, str) else []
+    judged = [name for name in names if name in thresholds["throttle_reasons"]]
+    return f"GPU throttled ({', '.join(judged)})" if judged else ""
+
+
+def _gpu_neighbours(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    others, limit = row.get("gpu_other_processes"), thresholds["max_other_gpu_processes"]
+    if _blank(others) or int(others) <= limit:
+        return ""
+    return f"{int(others)} other process(es) on its GPU"
+
+
+def _blank(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def counted_in_speedups(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> pd.Series:
+    """Which rows a speedup may use: all but the perturbed, unless ``keep_perturbed``."""
+    if settings(config)["keep_perturbed"] or "perturbed" not in runs.columns:
+        return pd.Series(True, index=runs.index)
+    return ~runs["perturbed"].fillna(False).astype(bool)
+
+
+def perturbed_counts(perturbed: np.ndarray, reasons: np.ndarray) -> dict[str, Any]:
+    """A cell's ``perturbed_trials`` and ``perturbed_reasons`` (each distinct reason with how
+    many trials had it), from its trials' judgements."""
+    flags = [v is True or v is np.True_ for v in perturbed]
+    seen: dict[str, int] = {}
+    for flag, reason in zip(flags, reasons, strict=True):
+        parts = str(reason).split("; ") if flag and isinstance(reason, str) else []
+        for kind in dict.fromkeys(_reason_kind(part) for part in parts):
+            seen[kind] = seen.get(kind, 0) + 1
+    return {
+        "perturbed_trials": sum(flags),
+        "perturbed_reasons": "; ".join(f"{kind}: {n}" for kind, n in seen.items()),
+    }
+
+
+def _reason_kind(reason: str) -> str:
+    """The rule a reason comes from, without its numbers ("other processes took 78% …" →
+    "other processes")."""
+    for kind in (
+        "other processes took",
+        "other processes left",
+        "CPU clock",
+        "GPU SM clock",
+        "GPU throttled",
+    ):
+        if reason.startswith(kind):
+            return "other processes" if kind.startswith("other") else kind
+    return "other processes on its GPU" if "on its GPU" in reason else reason
+
+
+def mostly_perturbed(runs: pd.DataFrame) -> str:
+    """One sentence for the top of the report where most judged trials were perturbed, else
+    ''."""
+    if "perturbed" not in runs.columns:
+        return ""
+    judged = runs["perturbed"].dropna()
+    count = int(judged.sum()) if len(judged) else 0
+    if not len(judged) or count <= MOSTLY * len(judged):
+        return ""
+    return (
+        f"Most trials of this run were perturbed ({count} of {len(judged)} judged trials ran "
+        "while other processes used their CPUs or their clocks were held down; see Perturbed "
+        "trials): its throughputs and speedups do not describe a quiet machine."
+    )
