@@ -367,7 +367,7 @@ def test_cells_of_a_container_environment_run_in_the_built_image(
     (cell,) = [line for line in output.splitlines() if "-m ptspeed cell" in line]
     assert f"container_run.py --engine {engine} --manifest {results}/images/torch-2.0.json" in cell
     assert ("--gpus" in cell) == (device == "cuda"), cell
-    assert "-- python -m ptspeed cell --env torch-2.0 --model mlp" in cell
+    assert "-- python -m ptspeed cell --model mlp" in cell and " --env torch-2.0 " in cell
 
 
 # A podman stand-in whose storage holds no image (or, with PRESENT=1, every image).
