@@ -49,6 +49,7 @@ def full_record() -> Record:
             memory_kind="process_peak_rss",
             loss_first=2.5,
             loss_last=2.0,
+            attn_implementation="sdpa",
         ),
         numerics=NumericsCheck(
             checked=True,
@@ -125,7 +126,7 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "memory_kind": "", "loss_first": None, "loss_last": None, "non_finite_loss": "",
             "flops_per_sample": None, "achieved_flops_per_s": None, "world_size": 1,
             "batch_size_per_process": None, "distributed_backend": "", "fsdp_wrap_policy": "",
-            "rank_measured_wall_s": [],
+            "attn_implementation": "", "rank_measured_wall_s": [],
         },
         "numerics": {
             "checked": False, "reason": "", "compared": "", "precision": "", "reference": "",

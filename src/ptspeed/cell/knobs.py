@@ -19,6 +19,23 @@ A variant is written as knobs joined by ``+``, each ``name`` or ``name=value``::
     tf32=on|off                TF32 in matmuls and cuDNN convolutions (CUDA; default: what the
                                torch version does, recorded in provenance)
     cudnn_benchmark[=on|off]   cuDNN autotuning of convolution algorithms (CUDA; default: off)
+    jit=script|trace           TorchScript: torch.jit.script, or torch.jit.trace of the model's
+                               first call; infer mode also torch.jit.freeze and
+                               torch.jit.optimize_for_inference; train mode trains the
+                               TorchScript module (its backward), unfrozen. Not with compile or
+                               cudagraphs
+    attn=sdpa|eager            transformers' attention implementation (bert-base, gpt2): fused
+                               torch scaled_dot_product_attention or the plain matmul-softmax
+                               one; default: what transformers picks for this torch (recorded
+                               as metrics.attn_implementation)
+    prefetch                   copy batch k+1 to the device on a side CUDA stream while step k
+                               runs (with loader and pin; CUDA)
+    prefetch_factor=K          batches each loader worker prepares ahead, 1 to 64 (DataLoader's
+                               prefetch_factor; with loader=N, N >= 1; default: torch's, 2)
+    persistent                 loader workers outlive an epoch (DataLoader's persistent_workers;
+                               with loader=N, N >= 1; default: off, as in torch). The loader
+                               serves the whole cell as one epoch, so the measured steps never
+                               cross an epoch boundary: this changes no measured step time
 
 Distributed variants (ddp, fsdp) run N processes started by torchrun: NCCL on CUDA (one GPU
 per process), gloo on the CPU (the cell's threads divided among them). Every process trains
@@ -28,6 +45,19 @@ procs x batch_size x steps / the slowest process's wall time. Recorded as unsupp
 on the CPU before torch 2.1 (it fails in 1.13.1 and 2.0.1, runs in 2.14.1); fsdp=offload off
 CUDA (FSDP pins the offloaded shards); fsdp with fp16 AMP (needs ShardedGradScaler); ddp or
 fsdp with cudagraphs; on CUDA, procs=N with fewer than N visible GPUs.
+
+TorchScript, attention and prefetching (tried on the CPU in torch 1.13.1, 2.0.1 and 2.14.1,
+transformers 4.46.3 in all three): a model TorchScript cannot take is unsupported with torch's
+reason (BERT and GPT-2 do not script; BERT traces from torch 2.0, whose torch.jit.trace takes
+keyword inputs; GPT-2 does not trace: its output holds the attention cache beside the logits);
+jit with amp in infer mode (the optimised module ignores autocast) and jit with ddp or fsdp are
+unsupported. attn=sdpa needs torch >= 2.1.1 in transformers 4.46.3 (unsupported with its reason
+in 1.13.1 and 2.0.1, where its default is eager; in 2.14.1 the default is sdpa). attn on a
+model without transformers' attention, and prefetch off CUDA (no host-to-device copy to
+overlap), are unsupported. The numerics gate compares jit variants with eager, and attn
+variants with eager with transformers' eager attention; on CUDA, where TorchScript's fusers and
+SDPA's kernels draw their own dropout masks, it allows for other masks as it does for compiled
+variants.
 
 This module needs no torch: parsing happens before any process imports it. What a given
 torch and device can do is decided by :func:`unsupported_reason`.
@@ -46,6 +76,10 @@ MAX_PROCESSES = 64
 # Tried with 2 gloo processes: FSDP fails on the CPU in 1.13.1 and 2.0.1 ("Found no NVIDIA
 # driver"), runs in 2.14.1 (given device_id=cpu). CPU support landed in mid-2023 (pytorch#103171).
 FSDP_ON_CPU_SINCE = (2, 1)
+JIT_MODES = ("script", "trace")
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+MAX_PREFETCH_FACTOR = 64
+REASON_CHARACTERS = 200  # of a library's reason quoted in an unsupported record
 KNOB_NAMES = (
     "eager",
     "compile",
@@ -61,6 +95,11 @@ KNOB_NAMES = (
     "procs",
     "tf32",
     "cudnn_benchmark",
+    "jit",
+    "attn",
+    "prefetch",
+    "prefetch_factor",
+    "persistent",
 )
 SWITCH_VALUES = ("on", "off")
 _NAME_PATTERN = re.compile(r"[a-z0-9_]+(=[a-z0-9_.-]+)?")  # fullmatch: "$" would allow "\n"
@@ -68,6 +107,20 @@ _NAME_PATTERN = re.compile(r"[a-z0-9_]+(=[a-z0-9_.-]+)?")  # fullmatch: "$" woul
 
 class BadInput(ValueError):
     """A user-supplied value is not acceptable; the message names the field and the options."""
+
+
+class Unsupported(Exception):
+    """This torch, device or model cannot run the cell; the message says why."""
+
+    @classmethod
+    def because(cls, what: str, error: BaseException) -> Unsupported:
+        """``what`` cannot be done, for the reason ``error`` gives (torch's or a library's):
+        the first line of its message, shortened (it may print a tensor)."""
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        reason = lines[0] if lines else "no message"
+        if len(reason) > REASON_CHARACTERS:
+            reason = reason[: REASON_CHARACTERS - 1] + "…"
+        return cls(f"{what}: {type(error).__name__}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -85,10 +138,30 @@ class Knobs:
     processes: int = 1
     tf32: bool | None = None  # None: the torch version's default
     cudnn_benchmark: bool | None = None
+    jit: str | None = None  # "script" or "trace"
+    attn: str | None = None  # None: transformers' default for this torch
+    prefetch: bool = False
+    prefetch_factor: int | None = None  # None: DataLoader's default
+    persistent_workers: bool = False
 
     @property
     def is_eager_fp32(self) -> bool:
         return self == Knobs()
+
+    def draws_own_random(self, device_type: str) -> bool:
+        """Whether the step's random ops (dropout) may draw other numbers than eager's from the
+        same generator state: compiled and captured graphs; on CUDA also TorchScript's fusers
+        and SDPA's fused kernels. On the CPU, TorchScript and SDPA (its math path) draw eager's
+        dropout masks: their losses equal eager's (tried in 2.14.1)."""
+        fused_on_cuda = device_type == "cuda" and (self.jit is not None or self.attn == "sdpa")
+        return self.compile_mode is not None or self.cudagraphs or fused_on_cuda
+
+    @property
+    def reference_attention(self) -> str | None:
+        """The attention of the eager reference: transformers' eager one where the variant
+        chooses one (attn=sdpa is then checked against the plain implementation), else the
+        default, as the variant runs."""
+        return ATTENTION_IMPLEMENTATIONS[1] if self.attn else None
 
     @property
     def world_size(self) -> int:
@@ -124,8 +197,28 @@ def parse_knobs(text: str) -> Knobs:
         raise BadInput(f"knobs: pin needs loader in {text!r} (pinning applies to host batches)")
     if "eager" in seen and len(seen) > 1:
         raise BadInput(f"knobs: eager cannot be combined with other knobs in {text!r}")
+    _check_jit(seen, text)
+    _check_loader(seen, settings, text)
     _check_distributed(seen, settings, text)
     return Knobs(**settings)  # type: ignore[arg-type]
+
+
+def _check_jit(seen: set[str], text: str) -> None:
+    for other in ("compile", "cudagraphs"):
+        if {"jit", other} <= seen:
+            raise BadInput(f"knobs: jit and {other} cannot be combined in {text!r} (choose one)")
+
+
+def _check_loader(seen: set[str], settings: dict[str, object], text: str) -> None:
+    if "prefetch" in seen and not settings.get("pin_memory"):
+        raise BadInput(f"knobs: prefetch needs loader=N and pin in {text!r}")
+    workers = settings.get("loader_workers")
+    for name in ("prefetch_factor", "persistent"):
+        if name in seen and not (isinstance(workers, int) and workers >= 1):
+            raise BadInput(
+                f"knobs: {name} needs loader=N with N >= 1 workers in {text!r} "
+                "(it acts on the DataLoader's worker processes)"
+            )
 
 
 def _check_distributed(seen: set[str], settings: dict[str, object], text: str) -> None:
@@ -167,6 +260,21 @@ def _parse_one(name: str, value: str) -> dict[str, object]:
         return {"tf32": _choice(name, value, SWITCH_VALUES) == "on"}
     if name == "cudnn_benchmark":
         return {"cudnn_benchmark": _choice(name, value or "on", SWITCH_VALUES) == "on"}
+    return _parse_code_or_input(name, value)
+
+
+def _parse_code_or_input(name: str, value: str) -> dict[str, object]:
+    """The knobs of the model's code (jit, attn) and of its input pipeline."""
+    if name == "jit":
+        return {"jit": _choice(name, value, JIT_MODES)}
+    if name == "attn":
+        return {"attn": _choice(name, value, ATTENTION_IMPLEMENTATIONS)}
+    if name == "prefetch":
+        return _flag(name, value, {"prefetch": True})
+    if name == "prefetch_factor":
+        return {"prefetch_factor": _integer(name, value, minimum=1, maximum=MAX_PREFETCH_FACTOR)}
+    if name == "persistent":
+        return _flag(name, value, {"persistent_workers": True})
     raise BadInput(f"knobs: unknown knob {name!r} (accepted: {', '.join(KNOB_NAMES)})")
 
 
@@ -204,11 +312,15 @@ def unsupported_reason(
     torch_version: tuple[int, int],
     python: tuple[int, int],
     image_model: bool,
+    attention_model: bool = False,
 ) -> str:
-    """Why this torch on this device cannot run ``knobs`` ('' when it can).
+    """Why this torch on this device cannot run ``knobs`` ('' when it can); ``attention_model``:
+    the model has transformers' attention implementations (the attn knob).
 
     These are limits of PyTorch itself, known before running anything; the cell is then
-    recorded as ``unsupported`` with this reason instead of crashing.
+    recorded as ``unsupported`` with this reason instead of crashing. What only trying can
+    tell (a model TorchScript cannot take, SDPA in an old transformers stack) is found when
+    the model is built or first called.
     """
     version = ".".join(map(str, torch_version))
     if knobs.compile_mode is not None:
@@ -219,6 +331,8 @@ def unsupported_reason(
         if knobs.cudagraphs:
             return "cudagraphs with compile: use compile=reduce-overhead instead"
     cuda_only = {
+        "prefetch (host-to-device copies on a side CUDA stream; the CPU has none to "
+        "overlap)": knobs.prefetch,
         "cudagraphs": knobs.cudagraphs,
         "pin (pinned host memory)": knobs.pin_memory,
         "memfrac (set_per_process_memory_fraction)": knobs.memory_fraction is not None,
@@ -236,12 +350,16 @@ def unsupported_reason(
         )
     if knobs.channels_last and not image_model:
         return "channels_last applies to image models (4-D inputs) only"
+    if knobs.attn and not attention_model:
+        return "attn applies to models with transformers' attention (the text models) only"
     return _distributed_reason(knobs, device_type, torch_version)
 
 
 def _distributed_reason(knobs: Knobs, device_type: str, torch_version: tuple[int, int]) -> str:
     if knobs.parallel is None:
         return ""
+    if knobs.jit:
+        return f"jit with {knobs.parallel}: ptspeed makes TorchScript of single-process models only"
     if knobs.cudagraphs:
         return (
             f"cudagraphs with {knobs.parallel}: ptspeed captures single-process steps only "

@@ -153,6 +153,13 @@ class Metrics:
         "without fsdp.",
         "",
     )
+    attn_implementation: str = _doc(
+        "The attention implementation the model ran with, as transformers reports it "
+        "(model.config._attn_implementation): 'sdpa' (torch's scaled_dot_product_attention) or "
+        "'eager'; the attn knob's, else transformers' default for this torch. '' for models "
+        "without one.",
+        "",
+    )
     rank_measured_wall_s: list[float] = _doc(
         "Each process's wall time of the measured steps, by rank (distributed cells); "
         "measured_wall_s is the largest. A rank's own throughput is batch_size x measured_steps "
