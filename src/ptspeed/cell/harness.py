@@ -13,6 +13,7 @@ status, never a crash.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import resource
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell import numerics
+from ptspeed.cell import compiler, numerics
 from ptspeed.cell.knobs import Knobs, Unsupported, parse_knobs, unsupported_reason
 from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
@@ -140,9 +141,13 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     host_batch = model_spec.make_batch(sizes, torch.Generator().manual_seed(spec.seed))
     model = build_model(model_spec, sizes, spec.seed, device, knobs.attn)
     prepare_device(device)
+    if knobs.compile_mode is not None:
+        compiler.reset()
     run = _measure_variant(spec, model_spec, model, knobs, host_batch, device, placement)
     record.metrics = run.metrics
     record.metrics.compiler_cache = cache
+    if knobs.compile_mode is not None:
+        record.metrics = dataclasses.replace(record.metrics, **compiler.collect())
     del model
     release_memory(device)
     if not placement.reports:

@@ -57,7 +57,8 @@ model without transformers' attention, and prefetch off CUDA (no host-to-device 
 overlap), are unsupported. The numerics gate compares jit variants with eager, and attn
 variants with eager with transformers' eager attention; on CUDA, where TorchScript's fusers and
 SDPA's kernels draw their own dropout masks, it allows for other masks as it does for compiled
-variants.
+variants. A compiled cell records what the compiler did where the torch version exposes it
+(metrics.compiled_graphs, graph_breaks and their reasons, recompilations, compile time by phase).
 
 This module needs no torch: parsing happens before any process imports it. What a given
 torch and device can do is decided by :func:`unsupported_reason`.
