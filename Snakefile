@@ -23,7 +23,8 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/report.smk"
 
 
-from ptspeed.plan.runlock import ResultsInUse, hold_results_lock
+from ptspeed.errors import ResultsInUse
+from ptspeed.plan.runlock import hold_results_lock
 
 
 # Snakemake's lock covers its working directory only: a second run on the same results

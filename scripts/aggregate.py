@@ -18,13 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import pandas as pd
 
-from ptspeed.analysis.aggregate import (
-    load_tables,
-    read_mapping,
-    records_listed_in,
-    speedups,
-    summarise,
-)
+from ptspeed.analysis.aggregate import load_tables, read_mapping, records_listed_in
+from ptspeed.analysis.speedups import speedups
+from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.record import write_atomic
 
 
@@ -51,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             *(records_listed_in(args.records_from) if args.records_from else []),
         ]
         runs, steps = load_tables(paths, config)
-        summary = summarise(runs)
+        summary = summary_table(runs)
         comparisons = speedups(summary, config, claims, runs)
         out_dir = Path(args.out_dir)
         write_csv(runs, out_dir / "runs.csv")

@@ -56,7 +56,8 @@ def matrix_config(results: Path) -> dict:
     }
     pairs = len(environments) * len(VARIANTS)
     trials = CELLS // (pairs * len(MODELS) * len(MODES))
-    assert pairs * len(MODELS) * len(MODES) * trials == CELLS
+    if pairs * len(MODELS) * len(MODES) * trials != CELLS:
+        raise ValueError(f"{CELLS} cells are not a whole number of trials of the matrix")
     return {
         "results": str(results),
         "device": "cpu",

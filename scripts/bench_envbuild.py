@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ptspeed.envs.venvs import EnvBuildError, build_venv
+from ptspeed.envs.venvs import build_venv
+from ptspeed.errors import EnvBuildError
 
 ROOT = Path(__file__).resolve().parents[1]
 BYTES_PER_GIB = 1024**3

@@ -77,25 +77,28 @@ def run_bare(model: str, case: dict[str, int], warmup: int, steps: int) -> float
     return float(done.stdout.strip().splitlines()[-1])
 
 
+def suite_arguments(model: str, case: dict[str, int], warmup: int, steps: int) -> list[str]:
+    # Imported here, not at the top: the bare loop's process imports nothing from ptspeed.
+    sys.path.insert(0, str(ROOT / "src"))
+    from ptspeed.cell.arguments import to_arguments
+    from ptspeed.cell.record import CellSpec
+
+    spec = CellSpec(
+        model=model,
+        variant="eager",
+        knobs="eager",
+        mode="train",
+        batch_size=case["batch_size"],
+        image_size=case["image_size"],
+        warmup_steps=warmup,
+        measured_steps=steps,
+    )
+    return to_arguments(spec)
+
+
 def run_suite(model: str, case: dict[str, int], warmup: int, steps: int, out: Path) -> float:
-    command = [
-        sys.executable,
-        "-m",
-        "ptspeed",
-        "cell",
-        "--model",
-        model,
-        "--batch-size",
-        str(case["batch_size"]),
-        "--image-size",
-        str(case["image_size"]),
-        "--warmup",
-        str(warmup),
-        "--steps",
-        str(steps),
-        "--out",
-        str(out),
-    ]
+    arguments = suite_arguments(model, case, warmup, steps)
+    command = [sys.executable, "-m", "ptspeed", "cell", *arguments, "--out", str(out)]
     env = {"PYTHONPATH": str(ROOT / "src")}
     subprocess.run(command, check=True, capture_output=True, env={**_environ(), **env})
     record = json.loads(out.read_text())

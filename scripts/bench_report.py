@@ -21,9 +21,12 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from ptspeed.plan.layout import DEFAULT_SIZES, Cell, size_label
 
 GOAL_S = 15.0
 ENVS = ["torch-1.13", "torch-2.0", "torch-2.1", "torch-2.4", "torch-2.14"]
@@ -189,8 +192,9 @@ def write_records(root: Path, count: int) -> list[Path]:
     paths = []
     for index, cell in enumerate(cells(count)):
         env, variant, model, mode, batch, trial = cell
-        size = f"b{batch}-i224" if MODELS[model][0] else f"b{batch}-s128"
-        path = root / "records" / env / model / variant / mode / size / f"trial{trial}.json"
+        used = ("image_size",) if MODELS[model][0] else ("seq_len",)
+        size = size_label({"batch_size": batch, **DEFAULT_SIZES}, used)
+        path = root / Cell(env, model, variant, mode, size, trial).path
         paths.append(path)
         if index % MISSING_EVERY == MISSING_EVERY - 1:
             continue  # listed but never written: the report must name it
@@ -211,12 +215,10 @@ def timed(stages: list[tuple[str, float]], name: str, action: Callable[[], Any])
 def run(root: Path, paths: list[Path]) -> list[tuple[str, float]]:
     stages: list[tuple[str, float]] = []
     modules = timed(stages, "import", _import)
-    aggregate, report, write_atomic = modules
-    runs, steps = timed(stages, "load records", lambda: aggregate.load_tables(paths))
-    summary = timed(stages, "summarise", lambda: aggregate.summarise(runs))
-    speedups = timed(
-        stages, "speedups", lambda: aggregate.speedups(summary, config(), CLAIMS, runs)
-    )
+    analysis, report, write_atomic = modules
+    runs, steps = timed(stages, "load records", lambda: analysis.load_tables(paths))
+    summary = timed(stages, "summarise", lambda: analysis.summary_table(runs))
+    speedups = timed(stages, "speedups", lambda: analysis.speedups(summary, config(), CLAIMS, runs))
     tables = {"runs": runs, "steps": steps, "summary": summary, "speedups": speedups}
     table_dir = root / "tables"
 
@@ -228,7 +230,7 @@ def run(root: Path, paths: list[Path]) -> list[tuple[str, float]]:
     read = timed(
         stages,
         "read CSVs",
-        lambda: {name: aggregate.read_table(table_dir / f"{name}.csv") for name in tables},
+        lambda: {name: analysis.read_table(table_dir / f"{name}.csv") for name in tables},
     )
     timed(stages, "render (tables and figures)", lambda: _render(report, read, root / "report"))
     return stages
@@ -239,12 +241,17 @@ def _render(report: Any, tables: dict[str, Any], out_dir: Path) -> None:
     report.render(*frames, config(), CLAIMS, out_dir, steps=tables["steps"])
 
 
-def _import() -> tuple[Any, Any, Any]:
-    from ptspeed.analysis import aggregate
+def _import() -> tuple[SimpleNamespace, Any, Any]:
+    """The aggregation steps, the report and the CSV writer, imported as the scripts do."""
+    from ptspeed.analysis.aggregate import load_tables
+    from ptspeed.analysis.columns import read_table
+    from ptspeed.analysis.speedups import speedups
+    from ptspeed.analysis.summary import summary_table
     from ptspeed.cell.record import write_atomic
     from ptspeed.render import report
 
-    return aggregate, report, write_atomic
+    steps = {"load_tables": load_tables, "summary_table": summary_table, "speedups": speedups}
+    return SimpleNamespace(**steps, read_table=read_table), report, write_atomic
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ptspeed.cell.record import write_atomic
-from ptspeed.envs.venvs import INSTALLERS, EnvBuildError, build_venv, venv_python
+from ptspeed.envs.venvs import INSTALLERS, build_venv, venv_python
+from ptspeed.errors import EnvBuildError
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

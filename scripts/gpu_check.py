@@ -28,15 +28,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from ptspeed.cell.arguments import to_arguments  # noqa: E402
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason  # noqa: E402
-from ptspeed.cell.record import read_record  # noqa: E402
+from ptspeed.cell.record import CellSpec, read_record  # noqa: E402
 from ptspeed.envs.venvs import venv_dir, venv_python  # noqa: E402
 from ptspeed.models import REGISTRY  # noqa: E402
 
 CONFIG = ROOT / "config" / "config.yaml"
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 MISMATCH = "numerics_mismatch"
-STEPS = ("--warmup", "3", "--steps", "5", "--numerics-steps", "2")
+STEPS = {"warmup_steps": 3, "measured_steps": 5, "numerics_steps": 2}
 
 
 @dataclass(frozen=True)
@@ -146,15 +147,13 @@ def run_path(
     env: str, python: str, path: CheckedPath, device: str, out_dir: Path, timeout_s: float
 ) -> tuple[str, str, float, float | None, str]:
     record_path = out_dir / env / f"{slug(path.name)}.json"
-    command = [
-        python, "-m", "ptspeed", "cell", "--env", env, "--model", path.model, "--variant",
-        slug(path.name), "--knobs", path.knobs, "--batch-size", str(path.batch_size),
-        "--image-size", str(path.image_size), "--seq-len", "32", "--device", device,
-        "--timeout", str(timeout_s), *STEPS, "--out", str(record_path),
-        "--compiler-cache", str(out_dir / "compiler" / env / slug(path.name)),
-        "--cold-compiler-cache",
-        *(["--fault", path.fault] if path.fault else []),
-    ]  # fmt: skip
+    spec = CellSpec(
+        model=path.model, variant=slug(path.name), knobs=path.knobs, mode="train",
+        batch_size=path.batch_size, image_size=path.image_size, seq_len=32, env=env,
+        device=device, timeout_s=timeout_s, fault=path.fault, **STEPS,
+        compiler_cache=str(out_dir / "compiler" / env / slug(path.name)), compiler_cache_cold=True,
+    )  # fmt: skip
+    command = [python, "-m", "ptspeed", "cell", *to_arguments(spec), "--out", str(record_path)]
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     started = time.monotonic()
     subprocess.run(command, env=environment, cwd=ROOT, timeout=timeout_s + 120, check=False,

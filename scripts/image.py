@@ -32,7 +32,6 @@ from ptspeed.envs.apptainer import SifPlan, image_key, sif_commands, sif_digest
 from ptspeed.envs.containers import (
     ENGINES,
     BuildSpec,
-    ContainerError,
     ImageManifest,
     build_image,
     build_tag,
@@ -40,6 +39,7 @@ from ptspeed.envs.containers import (
     pull_image,
     push_image,
 )
+from ptspeed.errors import ContainerError
 
 PROJECT = Path(__file__).resolve().parents[1]
 SIF_SOURCES = ("image", "definition", "registry")

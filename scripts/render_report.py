@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import jinja2
 import pandas as pd
 
-from ptspeed.analysis.aggregate import read_mapping, read_table
+from ptspeed.analysis.aggregate import read_mapping
+from ptspeed.analysis.columns import read_table
 from ptspeed.render.report import render
 
 

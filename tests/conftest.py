@@ -94,3 +94,21 @@ def _fast_tier_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded_init)
     monkeypatch.setattr(socket.socket, "connect", guarded_connect)
     yield
+
+
+@pytest.fixture
+def single_rank_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torchrun's environment for one rank (ddp/fsdp/stages in this process), on a free local
+    port; the process group, if one was made, is ended after."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    yield
+    import torch.distributed
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -35,16 +35,16 @@ from ptspeed.cell.record import (
     write_record,
 )
 from ptspeed.envs.venvs import build_venv, venv_python
-from ptspeed.render.report import (
-    SEED_HEADERS,
+from ptspeed.render.formatting import (
     format_int,
     format_published,
     format_rate,
     format_speedup_interval,
     format_text,
     format_verdict,
-    render,
 )
+from ptspeed.render.report import render
+from ptspeed.render.tables import SEED_TABLE, headers
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -137,7 +137,7 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 # --- the ptspeed command ---
 
 TINY_CELL = [
-    "--model", "mlp", "--batch-size", "2", "--warmup", "1", "--steps", "2",
+    "--model", "mlp", "--batch-size", "2", "--warmup-steps", "1", "--measured-steps", "2",
     "--numerics-steps", "1", "--device", "cpu",
 ]  # fmt: skip
 
@@ -400,7 +400,7 @@ def expected_seed_tables(speedups: pd.DataFrame) -> list[list[list[str]]]:
     tables = []
     for name in dict.fromkeys(speedups["comparison"]):
         rows = speedups[speedups["comparison"] == name].to_dict("records")
-        tables.append([SEED_HEADERS, *(expected_seed_row(row) for row in rows)])
+        tables.append([headers(SEED_TABLE), *(expected_seed_row(row) for row in rows)])
     return tables
 
 

@@ -21,24 +21,21 @@ from helpers import (
     write_inputs,
 )
 
-from ptspeed.analysis import stats
-from ptspeed.analysis.aggregate import (
+from ptspeed.analysis import ranks, stats
+from ptspeed.analysis.aggregate import load_records, load_tables
+from ptspeed.analysis.claims import verdict
+from ptspeed.analysis.columns import (
     MISSING_REASON,
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
     STEPS_COLUMNS,
     SUMMARY_COLUMNS,
-    ConfigError,
-    cell_from_path,
-    coefficient_of_variation,
-    load_records,
-    load_tables,
     read_table,
-    speedups,
-    summarise,
-    verdict,
 )
+from ptspeed.analysis.speedups import speedups
+from ptspeed.analysis.summary import coefficient_of_variation, summary_table
 from ptspeed.cell.record import write_record
+from ptspeed.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -157,33 +154,6 @@ def test_unreadable_file_is_not_missing(tmp_path: Path) -> None:
     assert str(directory) in row["reason"]
 
 
-WORKFLOW_PATH = "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial3.json"
-
-
-@pytest.mark.parametrize(
-    ("path", "cell"),
-    [
-        (
-            WORKFLOW_PATH,
-            {"env": "torch-2.0", "model": "gpt2", "variant": "compile", "mode": "train",
-             "trial": 3, "batch_size": 2, "image_size": 224, "seq_len": 64},
-        ),
-        (
-            "/x/records/host/resnet50/eager/infer/b8-i96/trial0.json",
-            {"env": "host", "model": "resnet50", "variant": "eager", "mode": "infer",
-             "trial": 0, "batch_size": 8, "image_size": 96, "seq_len": 128},
-        ),
-        ("records/m/v/train/b8/trial0.json", {}),  # too short: no env
-        ("x/records/e/m/v/train/8/trial0.json", {}),
-        ("x/records/e/m/v/train/b8-q1/trial0.json", {}),
-        ("x/records/e/m/v/train/b8/trialX.json", {}),
-        ("x/other/e/m/v/train/b8/trial0.json", {}),
-    ],
-)  # fmt: skip
-def test_cell_from_path_reads_the_workflow_layout(path: str, cell: dict[str, Any]) -> None:
-    assert cell_from_path(path) == cell
-
-
 def test_missing_and_unreadable_records_count_as_trials_of_their_cell(tmp_path: Path) -> None:
     ok = tmp_path / "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial0.json"
     write_record(make_record("torch-2.0", "gpt2", "compile", 0, "ok", 50.0), ok)
@@ -193,7 +163,7 @@ def test_missing_and_unreadable_records_count_as_trials_of_their_cell(tmp_path: 
     runs = load_records([ok, missing, corrupt])
     assert list(runs["status"]) == ["ok", "missing", "unreadable"]
     assert list(runs["trial"]) == [0, 1, 2]
-    [row] = summarise(runs).to_dict("records")
+    [row] = summary_table(runs).to_dict("records")
     assert (row["env"], row["model"], row["batch_size"], row["seq_len"]) == (
         "torch-2.0",
         "gpt2",
@@ -253,7 +223,7 @@ def test_odd_value_types_become_nan_or_text_not_errors(tmp_path: Path) -> None:
     assert math.isnan(row["throughput_samples_per_s"])
     assert pd.isna(row["image_size"])
     assert (row["model"], row["torch"]) == ("50", "{'version': '1.13'}")
-    assert len(summarise(runs)) == 1
+    assert len(summary_table(runs)) == 1
 
 
 def test_infinite_throughput_is_not_a_number(tmp_path: Path) -> None:
@@ -265,13 +235,13 @@ def test_infinite_throughput_is_not_a_number(tmp_path: Path) -> None:
     path.write_text(text, encoding="utf-8")
     runs = load_records([path])
     assert math.isnan(runs["throughput_samples_per_s"].iloc[0])
-    assert summarise(runs)["ok_trials"].iloc[0] == 1
+    assert summary_table(runs)["ok_trials"].iloc[0] == 1
 
 
 def test_no_records_give_empty_frames_with_their_columns() -> None:
     runs = load_records([])
     assert list(runs.columns) == RUNS_COLUMNS
-    summary = summarise(runs)
+    summary = summary_table(runs)
     assert list(summary.columns) == SUMMARY_COLUMNS
     assert summary.empty
     frame = speedups(summary, CONFIG, CLAIMS, runs)
@@ -289,7 +259,7 @@ def test_no_records_give_empty_frames_with_their_columns() -> None:
 
 
 def test_summary_groups_cells_and_uses_ok_trials_only(runs: pd.DataFrame) -> None:
-    summary = summarise(runs)
+    summary = summary_table(runs)
     assert list(summary.columns) == SUMMARY_COLUMNS
     assert len(summary) == 8  # 7 cells at the configured size + resnet50 at batch 64
     row = summary_row(summary, "torch-2.0", "resnet50", "compile")
@@ -304,7 +274,7 @@ def test_summary_groups_cells_and_uses_ok_trials_only(runs: pd.DataFrame) -> Non
 
 
 def test_summary_gives_the_median_interval_and_the_noise_flag(runs: pd.DataFrame) -> None:
-    summary = summarise(runs)
+    summary = summary_table(runs)
     base = summary_row(summary, "torch-1.13", "resnet50", "eager")
     expected = stats.summarise([100.0, 120.0, 110.0])
     assert (base["median_low"], base["median_high"]) == (100.0, 120.0)  # 3 trials: the range
@@ -323,7 +293,7 @@ def test_summary_gives_the_median_interval_and_the_noise_flag(runs: pd.DataFrame
 
 
 def test_summary_of_a_cell_without_ok_trials(runs: pd.DataFrame) -> None:
-    row = summary_row(summarise(runs), "torch-2.0", "gpt2", "compile")
+    row = summary_row(summary_table(runs), "torch-2.0", "gpt2", "compile")
     assert (row["trials"], row["ok_trials"], row["statuses"]) == (1, 0, "unsupported:1")
     assert math.isnan(row["median_samples_per_s"])
     assert math.isnan(row["median_low"]) and math.isnan(row["median_high"])
@@ -341,7 +311,7 @@ def test_cv_needs_two_values() -> None:
 
 
 def test_speedups_rows_follow_the_config(runs: pd.DataFrame) -> None:
-    frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
+    frame = speedups(summary_table(runs), CONFIG, CLAIMS, runs)
     assert list(frame.columns) == SPEEDUP_COLUMNS
     assert list(zip(frame["comparison"], frame["model"], frame["mode"], strict=True)) == [
         (comparison, model, "train")
@@ -351,7 +321,7 @@ def test_speedups_rows_follow_the_config(runs: pd.DataFrame) -> None:
 
 
 def test_speedup_is_the_ratio_of_the_medians(runs: pd.DataFrame) -> None:
-    frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
+    frame = speedups(summary_table(runs), CONFIG, CLAIMS, runs)
     row = speedup_row(frame, "upgrade-and-compile", "resnet50")
     # The batch-64 baseline record (999 samples/s) is not at the configured cpu size.
     assert (row["batch_size"], row["image_size"]) == (8, 96)
@@ -369,9 +339,9 @@ def test_speedup_is_the_ratio_of_the_medians(runs: pd.DataFrame) -> None:
 
 
 def test_speedup_and_interval_are_the_stats_modules_of_the_ok_trials(runs: pd.DataFrame) -> None:
-    frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
+    frame = speedups(summary_table(runs), CONFIG, CLAIMS, runs)
     row = speedup_row(frame, "upgrade-and-compile", "resnet50")
-    expected = stats.speedup([100.0, 120.0, 110.0], [150.0, 180.0])
+    expected = ranks.speedup([100.0, 120.0, 110.0], [150.0, 180.0])
     assert row["speedup"] == expected.estimate
     assert (row["speedup_low"], row["speedup_high"]) == (expected.low, expected.high)
     assert (row["speedup_low"], row["speedup_high"]) == (150.0 / 120.0, 180.0 / 100.0)
@@ -387,7 +357,9 @@ def test_speedup_and_interval_are_the_stats_modules_of_the_ok_trials(runs: pd.Da
 
 
 def test_without_runs_there_is_no_interval_and_no_claim_verdict(runs: pd.DataFrame) -> None:
-    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS), "upgrade-and-compile", "resnet50")
+    row = speedup_row(
+        speedups(summary_table(runs), CONFIG, CLAIMS), "upgrade-and-compile", "resnet50"
+    )
     assert row["speedup"] == 165.0 / 110.0
     assert math.isnan(row["speedup_low"]) and math.isnan(row["p_value"])
     assert (row["verdict"], row["verdict_reason"]) == (
@@ -398,7 +370,7 @@ def test_without_runs_there_is_no_interval_and_no_claim_verdict(runs: pd.DataFra
 
 def test_one_trial_side_has_no_interval(runs: pd.DataFrame) -> None:
     claims = {"pytorch-2.0-upgrade": {"models": {"bert-base": {"speedup": 2.0}}}}
-    frame = speedups(summarise(runs), CONFIG, claims, runs)
+    frame = speedups(summary_table(runs), CONFIG, claims, runs)
     row = speedup_row(frame, "upgrade-and-compile", "bert-base")  # 10, 12 -> 22
     assert row["speedup"] == pytest.approx(math.sqrt(22 / 10 * 22 / 12))  # Hodges–Lehmann
     assert math.isnan(row["speedup_low"]) and math.isnan(row["speedup_high"])
@@ -419,7 +391,7 @@ def test_claim_made_on_a_gpu_is_not_measured_on_a_cpu(runs: pd.DataFrame) -> Non
         }
     }
     row = speedup_row(
-        speedups(summarise(runs), CONFIG, claims, runs), "upgrade-and-compile", "resnet50"
+        speedups(summary_table(runs), CONFIG, claims, runs), "upgrade-and-compile", "resnet50"
     )
     assert not math.isnan(row["speedup_low"])  # measured, with an interval, yet not comparable
     assert (row["claim_device"], row["claim_precision"]) == ("NVIDIA A100", "fp32")
@@ -428,7 +400,7 @@ def test_claim_made_on_a_gpu_is_not_measured_on_a_cpu(runs: pd.DataFrame) -> Non
         "claimed on NVIDIA A100; this run measured on Test CPU (cpu)",
     )
     on_gpu = speedup_row(
-        speedups(summarise(runs), {**CONFIG, "device": "cuda"}, claims, runs),
+        speedups(summary_table(runs), {**CONFIG, "device": "cuda"}, claims, runs),
         "upgrade-and-compile",
         "resnet50",
     )
@@ -445,7 +417,7 @@ def test_claimed_model_not_in_the_matrix_gets_a_not_measured_row(runs: pd.DataFr
             "models": {**CLAIMS["pytorch-2.0-upgrade"]["models"], "mask-rcnn": {"speedup": 1.4}}
         }
     }
-    frame = speedups(summarise(runs), CONFIG, claims, runs)
+    frame = speedups(summary_table(runs), CONFIG, claims, runs)
     assert len(frame) == 2 * 3 + 1
     row = speedup_row(frame, "upgrade-and-compile", "mask-rcnn")
     assert frame.index[frame["model"] == "mask-rcnn"][0] == 3  # after the comparison's models
@@ -460,7 +432,7 @@ def test_claimed_model_not_in_the_matrix_gets_a_not_measured_row(runs: pd.DataFr
 
 def test_missing_side_is_not_measured(runs: pd.DataFrame) -> None:
     row = speedup_row(
-        speedups(summarise(runs), CONFIG, CLAIMS, runs), "upgrade-and-compile", "gpt2"
+        speedups(summary_table(runs), CONFIG, CLAIMS, runs), "upgrade-and-compile", "gpt2"
     )
     assert row["baseline_samples_per_s"] == 40.0
     assert math.isnan(row["candidate_samples_per_s"])
@@ -473,7 +445,7 @@ def test_missing_side_is_not_measured(runs: pd.DataFrame) -> None:
 
 
 def test_model_not_in_claims_group_is_measured(runs: pd.DataFrame) -> None:
-    frame = speedups(summarise(runs), CONFIG, CLAIMS, runs)
+    frame = speedups(summary_table(runs), CONFIG, CLAIMS, runs)
     row = speedup_row(frame, "upgrade-and-compile", "bert-base")
     assert row["speedup"] == pytest.approx(math.sqrt(22 / 10 * 22 / 12))
     assert math.isnan(row["published_speedup"])
@@ -482,7 +454,9 @@ def test_model_not_in_claims_group_is_measured(runs: pd.DataFrame) -> None:
 
 
 def test_comparison_without_claim(runs: pd.DataFrame) -> None:
-    row = speedup_row(speedups(summarise(runs), CONFIG, CLAIMS, runs), "compile-alone", "resnet50")
+    row = speedup_row(
+        speedups(summary_table(runs), CONFIG, CLAIMS, runs), "compile-alone", "resnet50"
+    )
     assert row["speedup"] == pytest.approx(math.sqrt(150.0 * 180.0) / 132.0)  # Hodges–Lehmann
     assert row["claim"] == ""
     assert math.isnan(row["published_speedup"])
@@ -494,7 +468,9 @@ def test_comparison_without_claim(runs: pd.DataFrame) -> None:
 
 def test_unresolved_device_uses_the_size_both_sides_share(runs: pd.DataFrame) -> None:
     config = {**CONFIG, "device": "auto"}
-    row = speedup_row(speedups(summarise(runs), config, CLAIMS), "upgrade-and-compile", "resnet50")
+    row = speedup_row(
+        speedups(summary_table(runs), config, CLAIMS), "upgrade-and-compile", "resnet50"
+    )
     assert row["batch_size"] == 8
     assert row["speedup"] == 165.0 / 110.0
 
@@ -512,7 +488,7 @@ def test_unresolved_device_uses_the_size_both_sides_share(runs: pd.DataFrame) ->
 )
 def test_bad_config_raises_config_error(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        speedups(summarise(load_records([])), config, CLAIMS)
+        speedups(summary_table(load_records([])), config, CLAIMS)
 
 
 # --- verdicts on constructed rows --------------------------------------------------------------

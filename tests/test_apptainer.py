@@ -41,12 +41,12 @@ from ptspeed.envs.apptainer import (
 )
 from ptspeed.envs.containers import (
     BuildSpec,
-    ContainerConfigError,
     ImageManifest,
     digest_of,
     inspect_image,
     push_image,
 )
+from ptspeed.errors import ConfigError
 
 EMULATOR_DIR = ROOT / "tests" / "fixtures" / "apptainer-emulator"
 EMULATOR = EMULATOR_DIR / "apptainer"
@@ -161,7 +161,7 @@ def test_builder_preference(available: set[str], source: str, engine: str | None
     settings = {"images": "build", "builder": "auto"}
     plan = plan_sif(settings, available.__contains__, lambda n: n if n in available else None)
     assert (plan.source, plan.engine) == (source, engine)
-    with pytest.raises(ContainerConfigError, match=r"^containers: nothing here builds"):
+    with pytest.raises(ConfigError, match=r"^containers: nothing here builds"):
         plan_sif(settings, lambda _: False, lambda _: None)
     assert plan_sif({"images": "pull", "builder": "auto"}, bool).source == "registry"
 
@@ -189,7 +189,7 @@ def test_sif_commands_for_each_source(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_a_cuda_base_newer_than_the_driver_is_refused() -> None:
     base = "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04@" + DIGEST
     check_driver("torch-2.14", base, "570.124.06")
-    with pytest.raises(ContainerConfigError) as error:
+    with pytest.raises(ConfigError) as error:
         check_driver("torch-2.14", base, "535.104.05")
     message = str(error.value)
     assert "CUDA 12.8" in message and "535.104.05" in message and ">= 570.124.06" in message

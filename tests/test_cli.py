@@ -36,7 +36,7 @@ def test_a_hung_cell_ends_as_a_timeout(tmp_path: Path) -> None:
     out = tmp_path / "cell.json"
     started = time.monotonic()
     result = ptspeed(
-        "cell", *TINY_CELL, "--fault", "hang", "--timeout", str(HANG_TIMEOUT_S), "--out", str(out)
+        "cell", *TINY_CELL, "--fault", "hang", "--timeout-s", str(HANG_TIMEOUT_S), "--out", str(out)
     )
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
@@ -75,8 +75,8 @@ BAD_INPUT = [
     (["--batch-size", "two"], "argument --batch-size: invalid int value: 'two'"),
     (["--turbo"], "unrecognized arguments: --turbo"),
     (["--fault", "explode"], "fault: 'explode' is not one of '', error, oom, hang"),
-    (["--steps", "0"], "measured_steps: 0 must be from 1 to"),
-    (["--timeout", "0"], "timeout_s: 0.0 must be positive"),
+    (["--measured-steps", "0"], "measured_steps: 0 must be from 1 to"),
+    (["--timeout-s", "0"], "timeout_s: 0.0 must be positive"),
 ]
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from helpers import write_fixture_records
 
-from ptspeed.analysis import stats
+from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.compare import (
     COMPARE_COLUMNS,
@@ -127,7 +127,7 @@ def test_significantly_slower_and_faster(compared: pd.DataFrame) -> None:
 
 def test_ratio_and_interval_are_the_stats_modules(compared: pd.DataFrame) -> None:
     row = row_of(compared, "slower")
-    expected = stats.speedup(OLD["slower"], NEW["slower"])
+    expected = ranks.speedup(OLD["slower"], NEW["slower"])
     assert row["ratio"] == expected.estimate
     assert (row["ratio_low"], row["ratio_high"]) == (expected.low, expected.high)
     assert row["ratio_confidence"] == expected.achieved_confidence

@@ -20,16 +20,16 @@ from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ptspeed.cell.arguments import from_arguments, to_arguments
 from ptspeed.cell.checks import check_cell
-from ptspeed.cli import parse_cell_options
+from ptspeed.errors import ConfigError
 from ptspeed.plan.config import (
     MAX_MESSAGE_CHARS,
     SCHEMA_PATH,
-    ConfigError,
     key_path,
     prepare_config,
 )
-from ptspeed.plan.matrix import cell_options, cell_spec, cells
+from ptspeed.plan.matrix import cell_spec, cells
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG: dict[str, Any] = yaml.safe_load((ROOT / "config/config.yaml").read_text())
@@ -380,7 +380,7 @@ def test_every_cell_of_an_accepted_config_runs(config: dict[str, Any]) -> None:
         return
     for cell in cells(config, device_class):
         spec = cell_spec(config, cell, device_class, threads=1)
-        parsed = parse_cell_options(cell_options(spec, config["oom_retry"]))
+        parsed = from_arguments(to_arguments(spec, config["oom_retry"]))
         assert parsed == spec
         check_cell(parsed)
 

@@ -26,7 +26,6 @@ from helpers import snakemake as run_snakemake
 from ptspeed.cell import provenance
 from ptspeed.envs.containers import (
     BuildSpec,
-    ContainerConfigError,
     ImageManifest,
     build_command,
     build_tag,
@@ -37,6 +36,8 @@ from ptspeed.envs.containers import (
     run_command,
     stage_context,
 )
+from ptspeed.errors import ConfigError
+from ptspeed.plan.config import fill_defaults, load_schema
 
 # The real build: debootstrap base -> apt (Python, g++) -> 2.5 GB of wheels -> a 5 GB layer.
 BUILD_TIMEOUT_S = 25 * 60
@@ -327,7 +328,8 @@ def test_provenance_takes_the_digest_from_the_runtime_or_the_pinned_name(
 def test_container_config_errors_name_the_key(tmp_path: Path, change: Any, message: str) -> None:
     config = container_config(tmp_path)
     change(config)
-    with pytest.raises(ContainerConfigError) as error:
+    fill_defaults(config, load_schema())
+    with pytest.raises(ConfigError) as error:
         check_container_config(config)
     assert str(error.value).startswith(message)
     assert "\n" not in str(error.value)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +24,9 @@ from helpers import benchmark_python
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import Rank
 from ptspeed.cell.harness import run_cell
-from ptspeed.cell.knobs import BadInput, parse_knobs, unsupported_reason
+from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec, Record
+from ptspeed.errors import BadInput
 from ptspeed.launch.torchrun import (
     launcher_failures,
     merged_record,
@@ -284,21 +283,6 @@ def test_missing_ranks_without_a_launcher_summary(tmp_path: Path) -> None:
 # --- a rank in this process (world size 1) ----------------------------------------------------
 
 
-@pytest.fixture
-def single_rank_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """torchrun's environment for one rank, on a free local port; the group is ended after."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 @pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")
 @pytest.mark.parametrize("knobs", ["ddp+procs=1", "fsdp+procs=1"])
 def test_a_single_rank_measures_and_matches_eager(knobs: str, single_rank_group: None) -> None:
@@ -437,8 +421,9 @@ def wait_until(condition: Any, within_s: float) -> bool:
 def test_ranks_die_with_a_killed_watchdog(tmp_path: Path) -> None:
     out = tmp_path / "hang.json"
     arguments = ["--model", "mlp", "--variant", "ddp", "--batch-size", "4", "--device", "cpu"]
-    arguments += ["--threads", "2", "--warmup", "1", "--numerics-steps", "1", "--steps", "1"]
-    arguments += ["--fault", "hang", "--timeout", str(CELL_TIMEOUT_S), "--out", str(out)]
+    arguments += ["--threads", "2", "--warmup-steps", "1", "--measured-steps", "1"]
+    arguments += ["--numerics-steps", "1"]
+    arguments += ["--fault", "hang", "--timeout-s", str(CELL_TIMEOUT_S), "--out", str(out)]
     watchdog = subprocess.Popen(
         [sys.executable, "-m", "ptspeed", "cell", *arguments],
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},

@@ -23,13 +23,13 @@ from ptspeed.envs import venvs as envbuild
 from ptspeed.envs.venvs import (
     INSTALLERS,
     MARKER_NAME,
-    EnvBuildError,
     build_venv,
     find_python,
     lock_hash,
     pinned_version,
     venv_python,
 )
+from ptspeed.errors import EnvBuildError
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_ENV_SCRIPT = REPO / "scripts" / "build_env.py"

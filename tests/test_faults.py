@@ -39,12 +39,16 @@ from helpers import (
     write_config,
 )
 
-from ptspeed.analysis import aggregate
+from ptspeed.analysis.aggregate import load_records, load_tables, read_mapping
+from ptspeed.analysis.columns import read_table
+from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.staleness import stale_reason
+from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.faults import FAULTS_VARIABLE, fault_from_environment, parse_faults
-from ptspeed.cell.knobs import BadInput
 from ptspeed.cell.record import CellSpec, read_record, write_record
-from ptspeed.plan.runlock import LOCK_NAME, ResultsInUse, hold_results_lock
+from ptspeed.errors import BadInput, ResultsInUse
+from ptspeed.plan.layout import cell_from_path
+from ptspeed.plan.runlock import LOCK_NAME, hold_results_lock
 from ptspeed.render import report
 
 SRC = ROOT / "src"
@@ -247,17 +251,17 @@ def test_retried_trials_are_shown_apart_and_never_mixed_into_a_speedup(
     faulty_run: tuple[Path, Path, str],
 ) -> None:
     _, results, _ = faulty_run
-    runs = aggregate.read_table(results / "tables/runs.csv")
+    runs = read_table(results / "tables/runs.csv")
     assert sorted(zip(runs.env, runs.trial, runs.status, runs.batch_size, strict=True)) == [
         ("host", 0, "ok", 16),
         ("host", 1, "ok", 8),
         ("host-b", 0, "timeout", 16),
         ("host-b", 1, "oom", 8),
     ]
-    summary = aggregate.read_table(results / "tables/summary.csv").set_index(["env", "batch_size"])
+    summary = read_table(results / "tables/summary.csv").set_index(["env", "batch_size"])
     assert summary.loc[("host", 8), "retried_from_batch_size"] == "16"
     assert summary.loc[("host", 16), "ok_trials"] == 1
-    [speedup] = aggregate.read_table(results / "tables/speedups.csv").to_dict("records")
+    [speedup] = read_table(results / "tables/speedups.csv").to_dict("records")
     assert (speedup["batch_size"], speedup["baseline_trials"]) == (16, 1)
     assert speedup["verdict"] == "not measured"
     report_text = (results / "report/report.md").read_text(encoding="utf-8")
@@ -323,7 +327,7 @@ def test_records_of_an_older_config_are_stale_not_counted(
     config["steps"]["measured"] = 3
     config["variants"]["eager"] = "eager+channels_last"
     paths = [record_path(results, env, trial) for env in ("host", "host-b") for trial in (0, 1)]
-    runs, steps = aggregate.load_tables(paths, config)
+    runs, steps = load_tables(paths, config)
     assert list(runs["status"]) == ["stale"] * 4
     assert steps.empty
     reason = runs["reason"].iloc[0]
@@ -331,12 +335,10 @@ def test_records_of_an_older_config_are_stale_not_counted(
     assert "knobs 'eager', the config's 'eager+channels_last'" in reason
     assert "measured_steps 2, the config's 3" in reason
     assert reason.endswith("it recorded status ok")
-    summary = aggregate.summarise(runs)
+    summary = summary_table(runs)
     assert set(summary["ok_trials"]) == {0}
     assert set(summary["statuses"]) == {"stale:2"}
-    report.render(
-        runs, summary, aggregate.speedups(summary, config, {}, runs), config, {}, tmp_path
-    )
+    report.render(runs, summary, speedups(summary, config, {}, runs), config, {}, tmp_path)
     text = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "Records by status: stale:4." in text
     assert text.count("stale record, not counted") == 4
@@ -356,7 +358,7 @@ def test_corrupt_and_foreign_records_are_named_and_the_rest_aggregated(
     (results / "records/notes.json").write_text('{"hello": "world"}', encoding="utf-8")
     output = ok(snakemake_in(ROOT, "--configfile", str(config_path)))
     assert not CELL_JOB.search(output), output[-3000:]  # only the tables and the report again
-    runs = aggregate.read_table(results / "tables/runs.csv").set_index("record_path")
+    runs = read_table(results / "tables/runs.csv").set_index("record_path")
     assert runs.loc[str(corrupt), "status"] == "unreadable"
     assert runs.loc[str(corrupt), "reason"].startswith(f"{corrupt}: not JSON")
     assert runs.loc[str(foreign), "status"] == "stale"
@@ -386,7 +388,7 @@ def host_cell(**changes: Any) -> dict[str, Any]:
     return {**cell.__dict__, **changes}
 
 
-PATH_CELL = aggregate.cell_from_path("r/records/host/mlp/eager/train/b16/trial0.json")
+PATH_CELL = cell_from_path("r/records/host/mlp/eager/train/b16/trial0.json")
 
 
 @pytest.mark.parametrize(
@@ -420,7 +422,7 @@ def test_a_model_size_the_model_does_not_use_is_not_a_misplacement() -> None:
 def test_records_without_config_are_not_checked(tmp_path: Path) -> None:
     path = tmp_path / "records/torch-2.0/gpt2/compile/train/b2-s64/trial0.json"
     write_record(make_record("torch-2.0", "gpt2", "compile", 0, "ok", 50.0, batch_size=4), path)
-    assert list(aggregate.load_records([path])["status"]) == ["ok"]
+    assert list(load_records([path])["status"]) == ["ok"]
 
 
 # --- the cell command's fault injection ----------------------------------------------------
@@ -586,7 +588,7 @@ def test_interrupted_runs_keep_whole_records_and_rerun_only_unfinished_cells(
     assert job_counts(rerun)["cell"] == 1
     assert planned_outputs(rerun)["cell"] == [str(hung)]
     assert done.read_bytes() == kept
-    runs = aggregate.read_table(results / "tables/runs.csv")
+    runs = read_table(results / "tables/runs.csv")
     assert list(runs["status"]) == ["ok", "ok"]
 
 
@@ -632,7 +634,7 @@ def test_ctrl_c_stops_the_run_and_the_rerun_redoes_only_the_interrupted_cell(
     rerun = ok(snakemake_in(ROOT, "--configfile", str(config_path)))
     assert planned_outputs(rerun)["cell"] == [str(hung)]
     assert done.read_bytes() == kept
-    runs = aggregate.read_table(results / "tables/runs.csv")
+    runs = read_table(results / "tables/runs.csv")
     assert list(runs["status"]) == ["ok", "ok"]
 
 
@@ -700,7 +702,7 @@ def test_yaml_readers_are_safe(tmp_path: Path) -> None:
     canary = tmp_path / "executed"
     path.write_text(f'x: !!python/object/apply:os.system ["touch {canary}"]\n', encoding="utf-8")
     with pytest.raises(ValueError, match="not YAML or JSON"):
-        aggregate.read_mapping(path)
+        read_mapping(path)
     assert not canary.exists()
 
 
@@ -741,8 +743,8 @@ def test_a_cell_runs_with_the_network_unreachable(tmp_path: Path) -> None:
         "HF_HUB_OFFLINE": "0",
         "TRANSFORMERS_OFFLINE": "0",
     }
-    args = ["--model", "bert-base", "--batch-size", "2", "--seq-len", "8", "--warmup", "1"]
-    args += ["--steps", "1", "--numerics-steps", "0", "--device", "cpu", "--threads", "1"]
+    args = ["--model", "bert-base", "--batch-size", "2", "--seq-len", "8", "--warmup-steps", "1"]
+    args += ["--measured-steps", "1", "--numerics-steps", "0", "--device", "cpu", "--threads", "1"]
     result = subprocess.run(
         [*prefix, sys.executable, "-m", "ptspeed", "cell", *args, "--out", str(out)],
         capture_output=True, text=True, timeout=600, env=env,

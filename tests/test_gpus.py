@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from ptspeed.errors import ConfigError, GpuRequestError
 from ptspeed.launch.gpus import (
     GpuPool,
-    GpuRequestError,
     check_variant_gpus,
     claim_gpus,
     gpu_environment,
     lock_dir,
     node_pool,
 )
-from ptspeed.plan.matrix import ConfigError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -207,7 +206,7 @@ def run_cuda_cell(tmp_path: Path, name: str, knobs: str) -> dict:
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.pop("SLURM_JOB_ID", None)
     command = [sys.executable, "-m", "ptspeed", "cell", "--model", "mlp", "--batch-size", "4"]
-    command += ["--device", "cuda", "--knobs", knobs, "--timeout", "120", "--out", str(out)]
+    command += ["--device", "cuda", "--knobs", knobs, "--timeout-s", "120", "--out", str(out)]
     subprocess.run(command, env=env, check=True, timeout=180)
     return json.loads(out.read_text())
 

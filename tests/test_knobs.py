@@ -15,11 +15,11 @@ from ptspeed.cell.knobs import (
     COMPILE_MODES,
     JIT_MODES,
     KNOB_NAMES,
-    BadInput,
     Knobs,
     parse_knobs,
     unsupported_reason,
 )
+from ptspeed.errors import BadInput
 
 ACCEPTED_TEXT = re.compile(r"[a-z0-9_.=+-]+")
 BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")

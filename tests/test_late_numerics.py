@@ -13,13 +13,15 @@ import pandas as pd
 import pytest
 from test_aggregate import make_record
 
-from ptspeed.analysis.aggregate import load_tables, read_table, summarise
+from ptspeed.analysis.aggregate import load_tables
+from ptspeed.analysis.columns import read_table
 from ptspeed.analysis.late_numerics import (
     LATE_MODEL_ALLOWANCES,
     LATE_TOLERANCES,
     allowed_error,
     non_finite_loss,
 )
+from ptspeed.analysis.summary import summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 EAGER_LOSS = 1.788334846496582  # mlp, seed 0, 13 steps: eager's last loss measured on the CPU
@@ -81,6 +83,28 @@ def test_a_correct_variant_passes_and_stays_ok(tmp_path: Path) -> None:
     assert row_of(runs, "torch-2.0", "eager")["late_check"] == "reference"
 
 
+def test_a_pipeline_over_batch_norm_follows_its_own_trajectory(tmp_path: Path) -> None:
+    """GPipe normalises each micro-batch with its own statistics: not eager's trajectory."""
+    knobs = "pipeline=2+chunks=4"
+    paths = [
+        *eager_trials(tmp_path, model="resnet50"),
+        write(
+            tmp_path, "torch-2.0", "pipeline", 0, EAGER_LOSS * 1.5, knobs=knobs, model="resnet50"
+        ),
+        *eager_trials(tmp_path, model="gpt2"),
+        write(tmp_path, "torch-2.0", "pipeline", 0, EAGER_LOSS * 1.5, knobs=knobs),
+    ]
+    runs, _ = load_tables(paths)
+    resnet, gpt2 = (
+        runs[runs["model"] == m].set_index("variant").loc["pipeline"] for m in ("resnet50", "gpt2")
+    )
+    assert resnet["status"] == "ok"
+    assert resnet["late_check"] == (
+        "not checked: batch norm over each of 4 micro-batches, not over the whole batch"
+    )
+    assert (gpt2["status"], gpt2["late_check"]) == ("numerics_mismatch", "mismatch")
+
+
 def test_the_late_fault_is_a_mismatch_and_leaves_the_statistics(tmp_path: Path) -> None:
     wrong = EAGER_LOSS * LATE_FAULT_SCALE
     paths = [
@@ -99,7 +123,7 @@ def test_the_late_fault_is_a_mismatch_and_leaves_the_statistics(tmp_path: Path) 
     )
     compiled = steps[steps["variant"] == "compile"]
     assert set(compiled["trial"]) == {1}  # the wrong trial's steps are gone
-    [cell] = summarise(runs)[lambda s: s["variant"] == "compile"].to_dict("records")
+    [cell] = summary_table(runs)[lambda s: s["variant"] == "compile"].to_dict("records")
     assert (cell["ok_trials"], cell["statuses"]) == (1, "ok:1 numerics_mismatch:1")
     assert cell["median_samples_per_s"] == 101.0
     assert "late numerics check" in cell["reasons"]
@@ -226,7 +250,7 @@ def test_compile_time_is_the_first_step_beyond_eager_s(tmp_path: Path) -> None:
               compiler_cache="warm"),
         write(tmp_path, "torch-1.13", "compile", 0, EAGER_LOSS, first_step_s=9.0),
     ]  # fmt: skip
-    summary = summarise(load_tables(paths)[0]).set_index(["env", "variant"])
+    summary = summary_table(load_tables(paths)[0]).set_index(["env", "variant"])
     compiled = summary.loc[("torch-2.0", "compile")]
     assert compiled["compile_time_s"] == pytest.approx(6.1 - 1.1)
     assert compiled["compile_time_cold_s"] == pytest.approx(30.0)
@@ -240,7 +264,7 @@ def test_records_without_cache_kinds_have_no_cold_or_warm_times(tmp_path: Path) 
         write(tmp_path, "torch-2.0", "eager", 0, EAGER_LOSS, first_step_s=1.0),
         write(tmp_path, "torch-2.0", "compile", 0, EAGER_LOSS, first_step_s=3.0),
     ]
-    compiled = summarise(load_tables(paths)[0]).set_index("variant").loc["compile"]
+    compiled = summary_table(load_tables(paths)[0]).set_index("variant").loc["compile"]
     assert compiled["compile_time_s"] == pytest.approx(2.0)
     assert math.isnan(compiled["compile_time_cold_s"]) and math.isnan(
         compiled["compile_time_warm_s"]

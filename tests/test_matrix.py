@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import copy
+import shlex
 from typing import Any
 
 import pytest
 
+from ptspeed.cell.arguments import from_arguments
+from ptspeed.errors import ConfigError
 from ptspeed.models import Sizes
 from ptspeed.plan.matrix import (
-    Cell,
-    ConfigError,
+    cell_command_line,
+    cell_spec,
     cells,
     check_config,
     env_variant_pairs,
     model_sizes,
     runtime_minutes,
-    size_label,
 )
 
 BASE: dict[str, Any] = {
@@ -100,32 +102,22 @@ def test_cells_use_the_size_table_of_the_device_class(config: dict[str, Any]) ->
     assert {cell.size for cell in cells(config, "cuda")} == {"b256"}
 
 
-def test_cell_path_names_every_coordinate() -> None:
-    cell = Cell("torch-2.0", "gpt2", "compile", "infer", "b2-s64", 4)
-    assert cell.path == "records/torch-2.0/gpt2/compile/infer/b2-s64/trial4.json"
-
-
-# --- sizes ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("model", "sizes", "label"),
-    [
-        ("mlp", Sizes(batch_size=32, image_size=96, seq_len=7), "b32"),
-        ("resnet50", Sizes(batch_size=8, image_size=96), "b8-i96"),
-        ("bert-base", Sizes(batch_size=4, seq_len=64), "b4-s64"),
-        ("lstm-lm", Sizes(batch_size=2, seq_len=4), "b2-s4"),
-    ],
-)
-def test_size_label_names_only_the_sizes_the_model_uses(
-    model: str, sizes: Sizes, label: str
-) -> None:
-    assert size_label(model, sizes) == label
-
-
 def test_model_sizes_fill_unset_sizes_with_the_defaults(config: dict[str, Any]) -> None:
     assert model_sizes(config, "lstm-lm", "cpu") == Sizes(batch_size=2, seq_len=16)
     assert model_sizes(config, "resnet50", "cpu") == Sizes(batch_size=8, image_size=96)
+
+
+@pytest.mark.parametrize(("device_class", "threads"), [("cpu", 4), ("cuda", 0)])
+def test_a_jobs_command_line_runs_its_cells_spec(
+    config: dict[str, Any], device_class: str, threads: int
+) -> None:
+    config["models"] = {"resnet50": {"cpu": {"batch_size": 8}, "cuda": {"batch_size": 64}}}
+    config["oom_retry"] = True
+    cell = next(c for c in cells(config, device_class) if c.trial == 1)
+    wildcards = {**vars(cell), "trial": str(cell.trial)}
+    line = cell_command_line(config, wildcards, device_class, threads=4)
+    assert from_arguments(shlex.split(line)) == cell_spec(config, cell, device_class, threads)
+    assert line.endswith(" --oom-retry")
 
 
 # --- check_config: one line naming the key --------------------------------------------------

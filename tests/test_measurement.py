@@ -15,9 +15,10 @@ from test_harness import tiny_cell
 
 from ptspeed.cell import harness, numerics, provenance, reference
 from ptspeed.cell.harness import WarmupPlan, resolve_device, run_cell, use_compiler_cache
-from ptspeed.cell.knobs import BadInput, parse_knobs, unsupported_reason
+from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec
 from ptspeed.cell.steps import Step
+from ptspeed.errors import BadInput
 
 # --- one-off work of a knob ends before the measured window -------------------------------
 

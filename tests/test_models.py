@@ -8,8 +8,8 @@ import pytest
 import torch
 from helpers import by_cost
 
-from ptspeed.cell.knobs import BadInput
 from ptspeed.cell.steps import build_model
+from ptspeed.errors import BadInput
 from ptspeed.models import MAX_BATCH, REGISTRY, Batch, Sizes, check_sizes, get_model
 
 TINY: dict[str, Sizes] = {

@@ -25,12 +25,12 @@ from ptspeed.cell.record import (
     NumericsCheck,
     Provenance,
     Record,
-    WriteFailed,
     json_schema,
     read_record,
     write_atomic,
     write_record,
 )
+from ptspeed.errors import WriteFailed
 
 
 def full_record() -> Record:
@@ -130,9 +130,9 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "memory_kind": "", "loss_first": None, "loss_last": None, "non_finite_loss": "",
             "flops_per_sample": None, "achieved_flops_per_s": None, "world_size": 1,
             "batch_size_per_process": None, "distributed_backend": "", "fsdp_wrap_policy": "",
-            "attn_implementation": "", "compiled_graphs": None, "graph_breaks": None,
-            "graph_break_reasons": [], "recompilations": None, "recompile_reasons": [],
-            "compile_time_by_phase_s": {}, "rank_measured_wall_s": [],
+            "stage_split": "", "attn_implementation": "", "compiled_graphs": None,
+            "graph_breaks": None, "graph_break_reasons": [], "recompilations": None,
+            "recompile_reasons": [], "compile_time_by_phase_s": {}, "rank_measured_wall_s": [],
         },
         "numerics": {
             "checked": False, "reason": "", "compared": "", "precision": "", "reference": "",

@@ -28,22 +28,19 @@ from helpers import (
     render_tables,
 )
 
-from ptspeed.analysis.aggregate import (
+from ptspeed.analysis.aggregate import load_tables
+from ptspeed.analysis.columns import (
     MISSING_REASON,
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
     SUMMARY_COLUMNS,
-    load_tables,
     read_table,
-    speedups,
-    summarise,
 )
 from ptspeed.analysis.late_numerics import LATE_TOLERANCES
+from ptspeed.analysis.speedups import speedups
+from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.numerics import TOLERANCES
-from ptspeed.render import report
-from ptspeed.render.report import (
-    NOISY_HEADERS,
-    SUMMARY_HEADERS,
+from ptspeed.render.formatting import (
     format_compile_time,
     format_fraction_as_percent,
     format_int,
@@ -55,7 +52,17 @@ from ptspeed.render.report import (
     format_seconds,
     format_speedup,
     format_speedup_interval,
-    markdown_cell,
+)
+from ptspeed.render.page import Block, ReportInputs, Section
+from ptspeed.render.report import markdown_cell, template_environment
+from ptspeed.render.sections import build_sections
+from ptspeed.render.tables import (
+    CLAIMS_TABLE,
+    NOISY_TABLE,
+    SUMMARY_TABLE,
+    Column,
+    Table,
+    headers,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,7 +156,7 @@ def expected_summary_table(summary: pd.DataFrame) -> list[list[str]]:
         ]
         for row in summary.to_dict("records")
     ]
-    return [SUMMARY_HEADERS, *rows]
+    return [headers(SUMMARY_TABLE), *rows]
 
 
 def expected_noisy_table(summary: pd.DataFrame) -> list[list[str]]:
@@ -166,7 +173,7 @@ def expected_noisy_table(summary: pd.DataFrame) -> list[list[str]]:
         ]
         for row in summary[summary["noisy"]].to_dict("records")
     ]
-    return [NOISY_HEADERS, *rows]
+    return [headers(NOISY_TABLE), *rows]
 
 
 # --- the seed table ------------------------------------------------------------------------------
@@ -294,7 +301,7 @@ def test_failures_table_lists_every_record_that_is_not_ok(
 
 def test_claims_table_names_every_claim_group(markdown: str) -> None:
     [table] = markdown_tables(section(markdown, "Speedups against the published claims"))
-    assert table[0] == report.CLAIM_HEADERS
+    assert table[0] == headers(CLAIMS_TABLE)
     assert table[1] == [
         "pytorch-2.0-upgrade",
         "Seed article 000",
@@ -347,10 +354,10 @@ def test_environments_come_from_the_records(markdown: str, html: str) -> None:
 
 def sections_of(paths: list[Path], config: dict[str, Any] | None = None) -> dict[str, Any]:
     runs, steps = load_tables(paths)
-    summary = summarise(runs)
-    inputs = report.ReportInputs(runs, summary, speedups(summary, CONFIG, CLAIMS, runs),
+    summary = summary_table(runs)
+    inputs = ReportInputs(runs, summary, speedups(summary, CONFIG, CLAIMS, runs),
                                  config or CONFIG, CLAIMS, steps)  # fmt: skip
-    return {s.id: s for s in report.build_sections(inputs)}
+    return {s.id: s for s in build_sections(inputs)}
 
 
 def test_tf32_and_cudnn_benchmark_settings_are_shown_where_recorded(tmp_path: Path) -> None:
@@ -410,7 +417,7 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
     for precision, tolerance in TOLERANCES.items():
         assert f"{precision} {tolerance:.0%}" in rows["numerics tolerance"]
     frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
-    sections = report.build_sections(report.ReportInputs(*frames, config, CLAIMS))
+    sections = build_sections(ReportInputs(*frames, config, CLAIMS))
     [method] = [s for s in sections if s.id == "method"]
     configured = {row[0]: row[1] for row in method.blocks[0].table.rows}
     assert configured["trials per cell"] == "5, each its own process"
@@ -425,7 +432,7 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
 def test_method_section_says_what_three_trials_cannot_do() -> None:
     config = {**CONFIG, "trials": 3}
     frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
-    sections = report.build_sections(report.ReportInputs(*frames, config, CLAIMS))
+    sections = build_sections(ReportInputs(*frames, config, CLAIMS))
     [method] = [s for s in sections if s.id == "method"]
     configured = {row[0]: row[1] for row in method.blocks[0].table.rows}
     assert configured["speedup interval"].endswith("this run's 3 trials a side give 90.0%")
@@ -435,6 +442,70 @@ def test_method_section_says_what_three_trials_cannot_do() -> None:
 
 
 # --- the page ------------------------------------------------------------------------------------
+
+
+def expected_classes(columns: list[Column]) -> tuple[list[str], list[str]]:
+    """The classes a table's header and body cells get from its columns' specs."""
+    heads = ["num" if c.align == "right" else "" for c in columns]
+    cells = ["num" if c.align == "right" else "wrap" if c.wrap else "" for c in columns]
+    return heads, cells
+
+
+def html_classes(html: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Each table's header cell classes and each body row's cell classes, in page order."""
+    found = []
+    for table in re.findall(r"<table>.*?</table>", html, re.DOTALL):
+        head, body = table.split("</thead>")
+        heads = re.findall(r'<th(?: class="(\w+)")?>', head)
+        rows = re.findall(r"<tr>(.*?)</tr>", body, re.DOTALL)
+        found.append((heads, [re.findall(r'<td(?: class="(\w+)")?[ >]', row) for row in rows]))
+    return found
+
+
+def markdown_rules(text: str) -> list[list[str]]:
+    """The alignment row of every Markdown table: "---:" right, "---" left."""
+    rules = [line for line in text.splitlines() if re.fullmatch(r"\|( -+:? \|)+", line)]
+    return [[cell.strip() for cell in rule.split("|")[1:-1]] for rule in rules]
+
+
+def test_every_table_has_a_cell_per_column_aligned_as_its_spec(
+    tables: dict[str, pd.DataFrame], html: str, markdown: str
+) -> None:
+    frames = tables["runs"], tables["summary"], tables["speedups"]
+    built = build_sections(ReportInputs(*frames, CONFIG, CLAIMS, tables["steps"]))
+    shown = [b.table for s in built for b in s.blocks if b.table is not None and b.table.rows]
+    assert (
+        len(shown) == 8
+    )  # two seed tables, claims, summary, failures, noisy, environments, method
+    for table in shown:
+        assert all(len(row) == len(table.columns) == len(table.headers) for row in table.rows)
+    page = html_classes(html)
+    assert len(page) == len(shown)
+    for table, (heads, rows) in zip(shown, page, strict=True):
+        expected_heads, expected_cells = expected_classes(list(table.columns))
+        assert heads == expected_heads
+        assert rows == [expected_cells] * len(table.rows)
+    rules = [["---:" if c.align == "right" else "---" for c in t.columns] for t in shown]
+    assert markdown_rules(markdown) == rules
+
+
+def test_a_column_keeps_its_alignment_wherever_it_is_added(tmp_path: Path) -> None:
+    number = Column("n", lambda row: str(row["n"]), align="right")
+    prose = Column("why", lambda row: row["why"], wrap=True)
+    name = Column("name", lambda row: row["name"])
+    rows = [{"n": 3, "why": "a reason", "name": "x"}]
+    for columns in ([number, prose, name], [name, number, prose], [prose, name, number]):
+        table = Table.of(columns, rows)
+        section = Section("s", "S", "", [Block(table=table)])
+        environment = template_environment()
+        page = environment.get_template("index.html.j2").render(sections=[section])
+        text = environment.get_template("report.md.j2").render(sections=[section])
+        heads, cells = expected_classes(columns)
+        assert html_classes(page) == [(heads, [cells])]
+        assert markdown_rules(text) == [["---:" if c is number else "---" for c in columns]]
+        assert markdown_tables(text) == [[headers(columns), table.rows[0]]]
+    with pytest.raises(ValueError, match="2 columns but rows of"):
+        Table([number, prose], [["3"]])
 
 
 def test_html_is_self_contained_and_responsive(html: str) -> None:
@@ -502,7 +573,7 @@ def test_a_figure_that_fails_leaves_a_note_and_the_tables(
     def broken(frame: pd.DataFrame) -> None:
         raise TypeError("odd data")
 
-    monkeypatch.setattr(report, "forest_plot", broken)
+    monkeypatch.setattr("ptspeed.render.sections.forest_plot", broken)
     render_tables(tables, tmp_path)
     text = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "Figure not drawn: TypeError: odd data" in text

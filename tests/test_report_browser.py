@@ -26,7 +26,7 @@ from helpers import (
     render_tables,
 )
 
-from ptspeed.analysis.aggregate import read_table
+from ptspeed.analysis.columns import read_table
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [

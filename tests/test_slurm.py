@@ -22,8 +22,8 @@ import yaml
 from helpers import TINY_STEPS
 from helpers import snakemake as run_snakemake
 
+from ptspeed.errors import ConfigError
 from ptspeed.plan.cluster import check_cluster, check_gpu_limit, cpus_per_cell, slurm_resources
-from ptspeed.plan.matrix import ConfigError
 
 pytestmark = pytest.mark.workflow
 

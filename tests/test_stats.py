@@ -1,4 +1,5 @@
-"""Tests for ptspeed.analysis.stats: known answers, coverage on simulated trials, and properties."""
+"""Tests for ptspeed.analysis.stats and ptspeed.analysis.ranks: known answers, coverage on
+simulated trials, and properties."""
 
 import dataclasses
 import itertools
@@ -12,17 +13,15 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ptspeed.analysis import stats
-from ptspeed.analysis.stats import (
+from ptspeed.analysis import ranks, stats
+from ptspeed.analysis.ranks import (
     Ratio,
     compare_to_claim,
     mann_whitney_p,
-    median_ci,
-    quantile,
     smallest_p_value,
     speedup,
-    summarise,
 )
+from ptspeed.analysis.stats import median_ci, quantile, summarise
 
 FAST = settings(max_examples=40, deadline=None, derandomize=True)
 
@@ -147,14 +146,14 @@ def test_u_counts_match_enumeration(n_x: int, n_y: int) -> None:
     counts = [0] * (n_x * n_y + 1)
     for chosen in itertools.combinations(pooled, n_x):
         counts[u_statistic(list(chosen), [v for v in pooled if v not in chosen])] += 1
-    assert stats.mann_whitney_u_counts(n_x, n_y) == tuple(counts)
+    assert ranks.mann_whitney_u_counts(n_x, n_y) == tuple(counts)
 
 
 @pytest.mark.parametrize(("n_x", "n_y"), [(3, 3), (3, 5), (4, 4), (5, 5), (6, 6), (4, 9)])
 def test_u_tail_sums_match_scipy_exact_distribution(n_x: int, n_y: int) -> None:
     # scipy's one-sided exact p-value of "x is stochastically less" is P(U <= U_x).
     rng = random.Random(n_x * 100 + n_y)
-    counts = stats.mann_whitney_u_counts(n_x, n_y)
+    counts = ranks.mann_whitney_u_counts(n_x, n_y)
     for _ in range(5):
         values = [float(v) for v in rng.sample(range(1000), n_x + n_y)]
         x, y = values[:n_x], values[n_x:]
@@ -176,14 +175,14 @@ def test_u_tail_sums_match_scipy_exact_distribution(n_x: int, n_y: int) -> None:
     ],
 )
 def test_shift_interval_ranks_and_coverage(n_x: int, n_y: int, rank: int, coverage: float) -> None:
-    assert stats.shift_interval_rank(n_x, n_y, 0.95) == (rank, pytest.approx(coverage))
-    assert stats.shift_interval_rank(n_y, n_x, 0.95) == (rank, pytest.approx(coverage))
+    assert ranks.shift_interval_rank(n_x, n_y, 0.95) == (rank, pytest.approx(coverage))
+    assert ranks.shift_interval_rank(n_y, n_x, 0.95) == (rank, pytest.approx(coverage))
 
 
 def test_four_trials_a_side_reach_95_percent() -> None:
-    assert stats.trials_for_confidence(0.95) == 4
-    assert stats.trials_for_confidence(0.90) == 3
-    assert stats.trials_for_confidence(0.99) == 5  # 1 - 2 / 252 = 0.992
+    assert ranks.trials_for_confidence(0.95) == 4
+    assert ranks.trials_for_confidence(0.90) == 3
+    assert ranks.trials_for_confidence(0.99) == 5  # 1 - 2 / 252 = 0.992
     assert smallest_p_value(3, 3) == pytest.approx(0.1)
 
 

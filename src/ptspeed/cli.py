@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from ptspeed.cell import knobs as knobs_module
-from ptspeed.cell.checks import DEVICES, FAULTS, MODES, check_cell
+from ptspeed.cell.arguments import add_arguments, spec_of
+from ptspeed.cell.checks import check_cell
 from ptspeed.cell.faults import FAULTS_VARIABLE, fault_from_environment, fault_of_attempt
-from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.provenance import collect_base
-from ptspeed.cell.record import CellSpec, Record, WriteFailed, json_schema, utc_now, write_record
-from ptspeed.launch.gpus import GpuRequestError, gpu_environment
+from ptspeed.cell.record import CellSpec, Record, json_schema, utc_now, write_record
+from ptspeed.errors import BadInput, GpuRequestError, WriteFailed
+from ptspeed.launch.gpus import gpu_environment
 from ptspeed.models import REGISTRY
 
 EXIT_NOT_WRITTEN = 1
@@ -65,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ptspeed", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(required=True, metavar="command")
     cell = commands.add_parser("cell", help="run one benchmark cell and write its record")
-    _cell_arguments(cell)
+    add_arguments(cell)
+    cell.add_argument("--out", type=Path, required=True, help="where the JSON record goes")
     cell.set_defaults(handler=_cell)
     for name, handler, text in (
         ("models", _models, "list the models"),
@@ -76,78 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cell_arguments(cell: argparse.ArgumentParser) -> None:
-    defaults = CellSpec(model="", variant="", knobs="", mode="train", batch_size=1)
-    cell.add_argument("--model", required=True, help=f"one of: {', '.join(REGISTRY)}")
-    cell.add_argument("--variant", default="eager", help="variant name (default: eager)")
-    cell.add_argument("--knobs", help="knob string of the variant (default: the variant name)")
-    cell.add_argument("--mode", default="train", help=f"one of: {', '.join(MODES)}")
-    cell.add_argument("--batch-size", type=int, required=True)
-    cell.add_argument("--image-size", type=int, default=defaults.image_size)
-    cell.add_argument("--seq-len", type=int, default=defaults.seq_len)
-    cell.add_argument("--env", default=defaults.env, help="environment name, for the record")
-    cell.add_argument("--trial", type=int, default=0)
-    cell.add_argument("--seed", type=int, default=0)
-    cell.add_argument("--warmup", type=int, default=defaults.warmup_steps)
-    cell.add_argument("--steps", type=int, default=defaults.measured_steps)
-    cell.add_argument("--numerics-steps", type=int, default=defaults.numerics_steps)
-    cell.add_argument("--device", default="auto", help=f"one of: {', '.join(DEVICES)}, cuda:N")
-    cell.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    cell.add_argument("--timeout", type=float, default=defaults.timeout_s, help="seconds")
-    cell.add_argument(
-        "--fault",
-        default="",
-        help=f"inject a fault to test the suite: {FAULTS} (else from ${FAULTS_VARIABLE})",
-    )
-    cell.add_argument(
-        "--compiler-cache",
-        default="",
-        help="the compiler's cache directory for this cell (TORCHINDUCTOR_CACHE_DIR)",
-    )
-    cell.add_argument(
-        "--cold-compiler-cache",
-        action="store_true",
-        help="empty --compiler-cache first, so that the cell compiles cold",
-    )
-    cell.add_argument(
-        "--oom-retry",
-        action="store_true",
-        help="after running out of memory, run once more at half the batch size",
-    )
-    cell.add_argument("--out", type=Path, required=True, help="where the JSON record goes")
-
-
-def parse_cell_options(options: list[str]) -> CellSpec:
-    """The spec that ``ptspeed cell OPTIONS --out …`` runs (a usage error exits with status 2)."""
-    return spec_from_args(_parser().parse_args(["cell", *options, "--out", os.devnull]))
-
-
-def spec_from_args(args: argparse.Namespace) -> CellSpec:
-    return CellSpec(
-        model=args.model,
-        variant=args.variant,
-        knobs=args.knobs or args.variant,
-        mode=args.mode,
-        batch_size=args.batch_size,
-        image_size=args.image_size,
-        seq_len=args.seq_len,
-        env=args.env,
-        trial=args.trial,
-        seed=args.seed,
-        warmup_steps=args.warmup,
-        measured_steps=args.steps,
-        numerics_steps=args.numerics_steps,
-        device=args.device,
-        threads=args.threads,
-        timeout_s=args.timeout,
-        fault=args.fault,
-        compiler_cache=args.compiler_cache,
-        compiler_cache_cold=args.cold_compiler_cache,
-    )
-
-
 def _cell(args: argparse.Namespace) -> int:
-    spec = spec_from_args(args)
+    spec = spec_of(args)
     if not spec.fault:
         spec = dataclasses.replace(spec, fault=fault_from_environment(spec, os.environ))
         if spec.fault:

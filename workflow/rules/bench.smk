@@ -10,11 +10,11 @@ rule cell:
         env=env_ready_file,
         first_trial=first_trial_record,
     output:
-        record=f"{RESULTS}/records/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.json",
+        record=f"{RESULTS}/{RECORD_PATTERN}",
     log:
-        f"{RESULTS}/logs/cells/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.log",
+        f"{RESULTS}/logs/cells/{CELL_PATTERN}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/cells/{{env}}/{{model}}/{{variant}}/{{mode}}/{{size}}/trial{{trial}}.tsv"
+        f"{RESULTS}/benchmarks/cells/{CELL_PATTERN}.tsv"
     priority: trial_priority
     container:
         env_container

@@ -1,7 +1,6 @@
 import functools
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -22,7 +21,6 @@ from ptspeed.plan.cluster import (
 from ptspeed.plan.config import prepare_config
 from ptspeed.envs.containers import (
     ENGINES,
-    ContainerConfigError,
     check_container_config,
     container_settings,
     engine_for_images,
@@ -33,16 +31,15 @@ from ptspeed.envs.containers import (
 from ptspeed.envs.venvs import venv_dir
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.knobs import parse_knobs
+from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, wildcard_constraints
 from ptspeed.plan.matrix import (
-    Cell,
-    ConfigError,
-    cell_options,
-    cell_spec,
+    cell_command_line,
     cells,
     runtime_minutes,
     variant_compiles,
 )
 from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
+from ptspeed.errors import ConfigError
 
 
 def detect_device_class(requested):
@@ -67,7 +64,6 @@ RESULTS = config["results"]
 ENV_CACHE = Path(config["env_cache"]).expanduser().resolve()
 ENVIRONMENTS = config["environments"]
 CELLS = list(cells(config, DEVICE_CLASS))
-NAME = r"[a-z0-9][a-z0-9._-]*"
 HOST_PYTHON = shlex.quote(sys.executable)
 
 
@@ -106,12 +102,7 @@ SLURM_RESOURCES = slurm_resources(config["cluster"])
 
 
 wildcard_constraints:
-    env="|".join(map(re.escape, ENVIRONMENTS)),
-    model=NAME,
-    variant=NAME,
-    mode="train|infer",
-    size=r"b[0-9]+(-i[0-9]+)?(-s[0-9]+)?",
-    trial=r"[0-9]+",
+    **wildcard_constraints(ENVIRONMENTS),
 
 
 def record_paths(wildcards):
@@ -134,7 +125,7 @@ IN_APPTAINER = in_apptainer()
 if workflow.is_main_process:
     try:
         check_container_config(config, IN_APPTAINER)
-    except ContainerConfigError as exc:
+    except ConfigError as exc:
         raise WorkflowError(f"config: {exc}") from None
 CONTAINERS = container_settings(config)
 IMAGE_ENGINE = engine_for_images(CONTAINERS, engine_usable)
@@ -262,17 +253,7 @@ def container_launcher(env, engine):
 
 
 def cell_arguments(wildcards, threads):
-    cell = Cell(
-        wildcards.env,
-        wildcards.model,
-        wildcards.variant,
-        wildcards.mode,
-        wildcards.size,
-        int(wildcards.trial),
-    )
-    cell_threads = threads if DEVICE_CLASS == "cpu" else 0
-    spec = cell_spec(config, cell, DEVICE_CLASS, cell_threads)
-    return " ".join(shlex.quote(a) for a in cell_options(spec, config["oom_retry"]))
+    return cell_command_line(config, dict(wildcards.items()), DEVICE_CLASS, threads)
 
 
 def first_trial_record(wildcards):

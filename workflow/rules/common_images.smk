@@ -23,7 +23,7 @@ def make_sif_plan():
         return None
     try:
         plan = plan_sif(CONTAINERS, engine_usable)
-    except ContainerConfigError as exc:
+    except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
     if workflow.is_main_process:
         print(f"ptspeed: {plan.describe()}", file=sys.stderr)
@@ -41,7 +41,7 @@ def check_node_driver():
         )
         try:
             check_driver(env, base, driver)
-        except ContainerConfigError as exc:
+        except ConfigError as exc:
             raise WorkflowError(f"config: {exc}") from None
 
 

@@ -3,7 +3,7 @@
 Two runs (two machines, before and after a change) each give a ``runs.csv``. Cells are matched
 on environment, model, variant, mode and sizes; for each cell present on both sides the ratio
 new / old of throughput is given as the report's speedups are
-(:func:`ptspeed.analysis.stats.speedup`: the Hodges–Lehmann ratio, its exact interval with the
+(:func:`ptspeed.analysis.ranks.speedup`: the Hodges–Lehmann ratio, its exact interval with the
 confidence it achieves, and the Mann–Whitney p-value), and a mark:
 
 * ``+`` significantly faster: the change is significant and the ratio above ``1 + threshold``;
@@ -25,8 +25,10 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis import stats
-from ptspeed.analysis.aggregate import ALPHA, CELL_KEYS, CONFIDENCE, read_table, status_counts
+from ptspeed.analysis import ranks, stats
+from ptspeed.analysis.columns import ALPHA, CELL_KEYS, CONFIDENCE, read_table
+from ptspeed.analysis.summary import status_counts
+from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, size_label
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
 DEFAULT_THRESHOLD = 0.05
@@ -148,15 +150,8 @@ def _compared(
     absent = _why_not_comparable(old, new)
     if absent:
         return {**row, "mark": NOT_COMPARABLE, "change": absent}
-    ratio = stats.speedup(old["rates"], new["rates"], CONFIDENCE, ALPHA)
-    row.update(
-        ratio=ratio.estimate,
-        ratio_low=ratio.low,
-        ratio_high=ratio.high,
-        ratio_confidence=ratio.achieved_confidence,
-        p_value=ratio.p_value,
-        significant=ratio.significant,
-    )
+    ratio = ranks.speedup(old["rates"], new["rates"], CONFIDENCE, ALPHA)
+    row.update(ratio.columns("ratio"))
     mark, change = _judged(ratio, threshold)
     return {**row, "mark": mark, "change": change}
 
@@ -177,11 +172,11 @@ def _why_not_comparable(old: Mapping[str, Any] | None, new: Mapping[str, Any] | 
     return "; ".join(reasons)
 
 
-def _judged(ratio: stats.Ratio, threshold: float) -> tuple[str, str]:
+def _judged(ratio: ranks.Ratio, threshold: float) -> tuple[str, str]:
     if math.isnan(ratio.low):
         return SAME, "too few ok trials for a test (2 per side needed)"
     if not ratio.significant:
-        floor = stats.smallest_p_value(ratio.n_baseline, ratio.n_candidate)
+        floor = ranks.smallest_p_value(ratio.n_baseline, ratio.n_candidate)
         if floor >= ratio.alpha:
             return SAME, (
                 f"too few ok trials to detect a change ({ratio.n_baseline} and "
@@ -242,11 +237,8 @@ def display_rows(compared: pd.DataFrame) -> list[list[str]]:
 
 
 def cell_label(row: Mapping[str, Any]) -> str:
-    sizes = "-".join(
-        f"{letter}{_integer(row[key])}"
-        for letter, key in (("b", "batch_size"), ("i", "image_size"), ("s", "seq_len"))
-    )
-    return f"{row['env']}/{row['model']}/{row['variant']}/{row['mode']}/{sizes}"
+    place = {key: row[key] for key in ("env", "model", "variant", "mode")}
+    return PLACE_PATTERN.format(**place, size=size_label({k: _integer(row[k]) for k in SIZE_KEYS}))
 
 
 def _integer(value: Any) -> str:

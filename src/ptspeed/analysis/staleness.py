@@ -20,11 +20,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ptspeed.models import REGISTRY
+from ptspeed.plan.layout import (
+    CELL_PATTERN,
+    DEFAULT_SIZES,
+    DEVICE_CLASSES,
+    SIZE_KEYS,
+    configured_sizes,
+    size_label,
+)
 
 STALE = "stale"
-DEVICE_CLASSES = ("cpu", "cuda")
-# Defaults of the sizes a model does not use, as CellSpec and the cell command have them.
-DEFAULT_SIZES = {"image_size": 224, "seq_len": 128}
 STEP_FIELDS = {"warmup": "warmup_steps", "measured": "measured_steps", "numerics": "numerics_steps"}
 PLACE_FIELDS = ("env", "model", "variant", "mode", "trial")
 
@@ -47,9 +52,8 @@ def stale_reason(
 
 def describe_cell(cell: Mapping[str, Any]) -> str:
     """``env/model/variant/mode/b8-i224-s128/trial0``."""
-    sizes = f"b{cell.get('batch_size')}-i{cell.get('image_size')}-s{cell.get('seq_len')}"
-    place = "/".join(str(cell.get(key)) for key in PLACE_FIELDS[:4])
-    return f"{place}/{sizes}/trial{cell.get('trial')}"
+    fields = {key: cell.get(key) for key in PLACE_FIELDS}
+    return CELL_PATTERN.format(**fields, size=size_label({key: cell.get(key) for key in SIZE_KEYS}))
 
 
 def _misplaced(cell: Mapping[str, Any], path_cell: Mapping[str, Any]) -> list[str]:
@@ -110,10 +114,11 @@ def _device_and_sizes(cell: Mapping[str, Any], config: Mapping[str, Any]) -> lis
     configured, recorded = config.get("device"), _device_class(cell.get("device"))
     if configured in DEVICE_CLASSES and recorded in DEVICE_CLASSES and configured != recorded:
         return [f"device {cell.get('device')}, the config's {configured}"]
-    expected = _configured_sizes(config, cell.get("model"), configured, recorded)
+    device = configured if configured in DEVICE_CLASSES else recorded
+    expected = configured_sizes(config, cell.get("model"), device)
     if expected is None or _sizes_match(cell, expected):
         return []
-    recorded_sizes = {key: cell.get(key) for key in ("batch_size", *DEFAULT_SIZES)}
+    recorded_sizes = {key: cell.get(key) for key in SIZE_KEYS}
     return [f"sizes {_show_sizes(recorded_sizes)}, the config's {_show_sizes(expected)}"]
 
 
@@ -124,22 +129,6 @@ def _device_class(device: Any) -> str | None:
         return None
     name = device.split(":", 1)[0]
     return name if name in DEVICE_CLASSES else None
-
-
-def _configured_sizes(
-    config: Mapping[str, Any], model: Any, configured: Any, recorded: str | None
-) -> dict[str, Any] | None:
-    models = config.get("models")
-    entry = models.get(model) if isinstance(models, Mapping) else None
-    if not isinstance(entry, Mapping):
-        return None
-    if "batch_size" not in entry:  # a table per device class
-        device = configured if configured in DEVICE_CLASSES else recorded
-        entry = entry.get(device) if device else None
-    if not isinstance(entry, Mapping) or "batch_size" not in entry:
-        return None
-    sizes = {key: entry.get(key, default) for key, default in DEFAULT_SIZES.items()}
-    return {"batch_size": entry["batch_size"], **sizes}
 
 
 def _used_sizes(model: Any) -> tuple[str, ...]:

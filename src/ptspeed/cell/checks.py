@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import CellSpec
+from ptspeed.errors import BadInput
 from ptspeed.models import Sizes, check_sizes
 
 MODES = ("train", "infer")
@@ -40,6 +41,8 @@ def check_cell(spec: CellSpec) -> None:
     _one_of("fault", spec.fault, FAULTS)
     if spec.fault in RANK_FAULTS and knobs.world_size < 2:
         raise BadInput(f"fault: {spec.fault} needs a ddp or fsdp variant with procs >= 2")
+    if spec.batch_size < knobs.chunks:
+        raise BadInput(f"batch_size: {spec.batch_size} is smaller than chunks={knobs.chunks}")
     _in_range("measured_steps", spec.measured_steps, 1, MAX_STEPS)
     _in_range("warmup_steps", spec.warmup_steps, 1, MAX_STEPS)
     _in_range("numerics_steps", spec.numerics_steps, 0, MAX_STEPS)

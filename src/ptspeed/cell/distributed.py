@@ -26,10 +26,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ptspeed.cell.harness import SingleProcess, Unsupported, resolve_device, run_cell
-from ptspeed.cell.knobs import Knobs, parse_knobs
+from ptspeed.cell.harness import SingleProcess, resolve_device, run_cell
+from ptspeed.cell.knobs import STAGED, Knobs, parse_knobs
 from ptspeed.cell.record import CellSpec, Metrics
 from ptspeed.cell.reference import host_copy
+from ptspeed.errors import Unsupported
 from ptspeed.launch.torchrun import FINISHED, threads_per_process, write_rank_outcome
 
 RANK_FAULT_PREFIX = "rank-"
@@ -150,6 +151,10 @@ class Rank(SingleProcess):
         else:
             dist.barrier()
 
+    def global_batch(self, batch_size: int) -> int:
+        """Samples of one step over all ranks: each rank trains on its own batch."""
+        return self.world_size * batch_size
+
     def combine(self, metrics: Metrics) -> Metrics:
         """Every rank's times and memory to every rank; the slowest rank's wall time makes the
         global throughput (world_size x batch_size x steps / wall)."""
@@ -165,7 +170,7 @@ class Rank(SingleProcess):
         dist.all_reduce(table)  # the sum of one filled row per rank: every rank's row
         walls, first_steps, warmups, peaks = (table[:, column].tolist() for column in range(4))
         slowest = max(walls)
-        samples = self.world_size * (metrics.batch_size_per_process or 0)
+        samples = self.global_batch(metrics.batch_size_per_process or 0)
         return dataclasses.replace(
             metrics,
             throughput_samples_per_s=samples * len(metrics.step_times_s) / slowest,
@@ -183,10 +188,19 @@ class Rank(SingleProcess):
             dist.destroy_process_group()
 
 
+def placement_of(spec: CellSpec) -> Rank:
+    """This rank: of a ddp/fsdp cell, or a stage of a modelpar/pipeline cell."""
+    if parse_knobs(spec.knobs).parallel in STAGED:
+        from ptspeed.cell.stages import StageRank
+
+        return StageRank.from_environment(spec)
+    return Rank.from_environment(spec)
+
+
 def run_rank(spec: CellSpec, result_path: Path) -> int:
     """Run this rank's part of ``spec`` and write its outcome; exit status 1 when it failed,
     so that torchrun ends the other ranks at once."""
-    rank = Rank.from_environment(spec)
+    rank = placement_of(spec)
     record = run_cell(spec, rank)
     failed = record.status not in FINISHED
     failed_at = time.time() if failed else None

@@ -24,8 +24,8 @@ import re
 from collections.abc import Mapping
 
 from ptspeed.cell.checks import FAULTS
-from ptspeed.cell.knobs import BadInput
 from ptspeed.cell.record import CellSpec
+from ptspeed.errors import BadInput
 
 FAULTS_VARIABLE = "PTSPEED_FAULTS"
 OOM_ONCE = "oom-once"

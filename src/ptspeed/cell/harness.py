@@ -28,13 +28,27 @@ from typing import Any
 import torch
 
 from ptspeed.cell import compiler, numerics
-from ptspeed.cell.knobs import Knobs, Unsupported, parse_knobs, unsupported_reason
+from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_reason
 from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
 from ptspeed.cell.record import CellSpec, Metrics, Record, utc_now
-from ptspeed.cell.reference import CheckCapture, Snapshot, check_numerics, host_copy
-from ptspeed.cell.steps import batch_supplier, build_model, make_step, release_memory, to_device
+from ptspeed.cell.reference import (
+    CheckCapture,
+    Snapshot,
+    check_numerics,
+    host_copy,
+    momentum_buffers,
+)
+from ptspeed.cell.steps import (
+    Step,
+    batch_supplier,
+    build_model,
+    make_step,
+    release_memory,
+    to_device,
+)
 from ptspeed.cell.timing import CpuTimer, make_timer, timed_loop
+from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
 
 WRONG_OUTPUT_SCALE = 1.1
@@ -80,6 +94,27 @@ class SingleProcess:
                 f"{knobs.parallel} runs under torchrun (ptspeed.launch.watchdog), not alone"
             )
         return model, knobs
+
+    def make_step(
+        self,
+        model_spec: ModelSpec,
+        model: Any,
+        knobs: Knobs,
+        mode: str,
+        device: torch.device,
+        fault: str = "",
+    ) -> Step:
+        """The step of the wrapped model (:func:`ptspeed.cell.steps.make_step`); a stage of a
+        modelpar/pipeline cell has its own (:mod:`ptspeed.cell.stages`)."""
+        return make_step(model_spec, model, knobs, mode, device, fault=fault)
+
+    def momentum(self, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor | None]:
+        """The optimizer's momentum buffers on the host, in the model's parameter order."""
+        return momentum_buffers(optimizer)
+
+    def reported_output(self, sample: Any) -> Any:
+        """An inference output's sample as the reporting process sees it."""
+        return sample
 
     def barrier(self) -> None:
         """Nothing to wait for."""
@@ -211,7 +246,7 @@ def _measure_variant(
     attention = model_spec.attention(model) if model_spec.attention else ""
     model, step_knobs = placement.wrap(model, knobs, device, model_spec.blocks)
     fault = placement.fault(spec.fault)
-    step = make_step(model_spec, model, step_knobs, spec.mode, device, fault=fault)
+    step = placement.make_step(model_spec, model, step_knobs, spec.mode, device, fault=fault)
     capture = CheckCapture(model, step, placement, spec.mode, device, parameter_names)
     plan = WarmupPlan.of(spec, step.one_off_calls, checks=_wants_check(spec, knobs))
     next_batch = batch_supplier(host_batch, knobs, device, plan.longest + spec.measured_steps + 1)

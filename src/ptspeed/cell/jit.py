@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell.knobs import Unsupported
 from ptspeed.cell.memory import is_out_of_memory
+from ptspeed.errors import Unsupported
 
 # TorchScript's profiling executor records the first call and builds the optimised graph on
 # the second; a traced module's first call also holds the tracing.

@@ -19,6 +19,10 @@ A variant is written as knobs joined by ``+``, each ``name`` or ``name=value``::
     tf32=on|off                TF32 in matmuls and cuDNN convolutions (CUDA; default: what the
                                torch version does, recorded in provenance)
     cudnn_benchmark[=on|off]   cuDNN autotuning of convolution algorithms (CUDA; default: off)
+    modelpar=N                 model parallelism: the model's layers cut into N consecutive stages,
+                               one process (device) each, one micro-batch at a time (naive)
+    pipeline=N                 the same N stages run as a GPipe pipeline over chunks micro-batches
+    chunks=M                   micro-batches of a pipeline, 1 to 1024 (default 2; batch_size >= M)
     jit=script|trace           TorchScript: torch.jit.script, or torch.jit.trace of the model's
                                first call; infer mode also torch.jit.freeze and
                                torch.jit.optimize_for_inference; train mode trains the
@@ -46,6 +50,16 @@ on the CPU before torch 2.1 (it fails in 1.13.1 and 2.0.1, runs in 2.14.1); fsdp
 CUDA (FSDP pins the offloaded shards); fsdp with fp16 AMP (needs ShardedGradScaler); ddp or
 fsdp with cudagraphs; on CUDA, procs=N with fewer than N visible GPUs.
 
+Staged variants (modelpar, pipeline) also run N processes under torchrun, rank r holding stage
+r (cuda:r, or the CPU over gloo): the model's layers (see :mod:`ptspeed.cell.stages`) are cut
+into N consecutive stages balanced by parameter count, activations go forward and gradients
+back with send/recv, and pipeline runs a GPipe schedule (every micro-batch's forward, then every
+backward, gradients accumulated). batch_size is the whole batch, split into the micro-batches;
+the throughput is batch_size x steps / the slowest stage's wall time; the split is recorded
+(metrics.stage_split). Refused when parsed: a staged variant with ddp, fsdp or procs, with
+compile, cudagraphs or jit (untested per stage), and chunks without pipeline. Recorded as
+unsupported: fp16 AMP (no GradScaler across stages), a model without layers to cut
+(mask-rcnn), more stages than layers.
 TorchScript, attention and prefetching (tried on the CPU in torch 1.13.1, 2.0.1 and 2.14.1,
 transformers 4.46.3 in all three): a model TorchScript cannot take is unsupported with torch's
 reason (BERT and GPT-2 do not script; BERT traces from torch 2.0, whose torch.jit.trace takes
@@ -69,6 +83,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ptspeed.errors import BadInput
+
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 AMP_DTYPES = ("auto", "fp16", "bf16")
 FSDP_OPTIONS = ("offload",)
@@ -80,7 +96,6 @@ FSDP_ON_CPU_SINCE = (2, 1)
 JIT_MODES = ("script", "trace")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 MAX_PREFETCH_FACTOR = 64
-REASON_CHARACTERS = 200  # of a library's reason quoted in an unsupported record
 KNOB_NAMES = (
     "eager",
     "compile",
@@ -101,27 +116,10 @@ KNOB_NAMES = (
     "prefetch",
     "prefetch_factor",
     "persistent",
+    *("modelpar", "pipeline", "chunks"),  # staged variants (ptspeed.cell.stages)
 )
 SWITCH_VALUES = ("on", "off")
 _NAME_PATTERN = re.compile(r"[a-z0-9_]+(=[a-z0-9_.-]+)?")  # fullmatch: "$" would allow "\n"
-
-
-class BadInput(ValueError):
-    """A user-supplied value is not acceptable; the message names the field and the options."""
-
-
-class Unsupported(Exception):
-    """This torch, device or model cannot run the cell; the message says why."""
-
-    @classmethod
-    def because(cls, what: str, error: BaseException) -> Unsupported:
-        """``what`` cannot be done, for the reason ``error`` gives (torch's or a library's):
-        the first line of its message, shortened (it may print a tensor)."""
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        reason = lines[0] if lines else "no message"
-        if len(reason) > REASON_CHARACTERS:
-            reason = reason[: REASON_CHARACTERS - 1] + "…"
-        return cls(f"{what}: {type(error).__name__}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -144,6 +142,7 @@ class Knobs:
     prefetch: bool = False
     prefetch_factor: int | None = None  # None: DataLoader's default
     persistent_workers: bool = False
+    chunks: int = 1  # micro-batches of a staged variant (parallel modelpar or pipeline)
 
     @property
     def is_eager_fp32(self) -> bool:
@@ -166,7 +165,8 @@ class Knobs:
 
     @property
     def world_size(self) -> int:
-        """Processes the cell runs as: ``procs`` for ddp/fsdp, else 1."""
+        """Processes the cell runs as: ``procs`` for ddp/fsdp, the stages of modelpar/pipeline,
+        else 1."""
         return self.processes if self.parallel else 1
 
     def precision(self, device_type: str) -> str:
@@ -229,6 +229,46 @@ def _check_distributed(seen: set[str], settings: dict[str, object], text: str) -
         raise BadInput(f"knobs: procs needs ddp or fsdp in {text!r}")
     if "parallel" in settings:
         settings.setdefault("processes", DEFAULT_PROCESSES)
+    _check_staged(seen, settings, text)
+
+
+# --- staged variants: modelpar=N, pipeline=N+chunks=M ---
+STAGED = ("modelpar", "pipeline")
+DEFAULT_CHUNKS = 2
+MAX_CHUNKS = 1024
+STAGED_REFUSED = ("ddp", "fsdp", "procs", "compile", "cudagraphs", "jit")
+
+
+def _check_staged(seen: set[str], settings: dict[str, object], text: str) -> None:
+    staged = seen & set(STAGED)
+    if "chunks" in seen and "pipeline" not in seen:
+        raise BadInput(f"knobs: chunks needs pipeline in {text!r} (e.g. pipeline=2+chunks=4)")
+    if not staged:
+        return
+    others = [name for name in STAGED_REFUSED if name in seen]
+    if len(staged) > 1:
+        raise BadInput(f"knobs: modelpar and pipeline cannot be combined in {text!r} (choose one)")
+    if others:
+        what = f"{min(staged)} with {others[0]}"
+        raise BadInput(f"knobs: {what} is not supported in {text!r} ({_STAGED_WHY[others[0]]})")
+    if "pipeline" in staged:
+        settings.setdefault("chunks", DEFAULT_CHUNKS)
+
+
+_STAGED_WHY = {
+    "ddp": "one process per stage, no data parallelism across stages",
+    "fsdp": "one process per stage, no data parallelism across stages",
+    "procs": "the stage count is the process count: modelpar=N or pipeline=N",
+    "compile": "compiling each stage is untested",
+    "cudagraphs": "capturing send/recv between stages is untested",
+    "jit": "TorchScript of each stage is untested",
+}
+
+
+def _parse_staged(name: str, value: str) -> dict[str, object]:
+    if name == "chunks":
+        return {"chunks": _integer(name, value, minimum=1, maximum=MAX_CHUNKS)}
+    return {"parallel": name, "processes": _integer(name, value, minimum=1, maximum=MAX_PROCESSES)}
 
 
 def _parse_one(name: str, value: str) -> dict[str, object]:
@@ -261,6 +301,8 @@ def _parse_one(name: str, value: str) -> dict[str, object]:
         return {"tf32": _choice(name, value, SWITCH_VALUES) == "on"}
     if name == "cudnn_benchmark":
         return {"cudnn_benchmark": _choice(name, value or "on", SWITCH_VALUES) == "on"}
+    if name in (*STAGED, "chunks"):
+        return _parse_staged(name, value)
     return _parse_code_or_input(name, value)
 
 
@@ -365,6 +407,11 @@ def _distributed_reason(knobs: Knobs, device_type: str, torch_version: tuple[int
         return (
             f"cudagraphs with {knobs.parallel}: ptspeed captures single-process steps only "
             "(capturing collectives needs the model wrapped on the capture stream)"
+        )
+    if knobs.parallel in STAGED and knobs.precision(device_type) == "fp16":
+        return (
+            f"{knobs.parallel} with fp16 AMP: ptspeed's stages have no GradScaler across them "
+            "(one scale for every stage's gradients): use amp=bf16"
         )
     if knobs.parallel != "fsdp":
         return ""

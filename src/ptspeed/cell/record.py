@@ -23,6 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from ptspeed.errors import WriteFailed
+from ptspeed.models import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
+
 # 2: the numerics check's snapshot comparison (loss, gradients, update; eager_error and
 # eager_spread_error replace eager_fp32_error and eager_reseeded_error), warm-up and compiler
 # cache metrics, the settings in force in provenance.
@@ -48,8 +51,8 @@ class CellSpec:
     knobs: str = _doc("The knob string the variant stands for, e.g. 'compile+amp=bf16'.")
     mode: str = _doc("'train' (forward, backward, optimizer step) or 'infer' (forward only).")
     batch_size: int = _doc("Samples per step.")
-    image_size: int = _doc("Image side in pixels (image models).", 224)
-    seq_len: int = _doc("Sequence length in tokens (text models).", 128)
+    image_size: int = _doc("Image side in pixels (image models).", DEFAULT_IMAGE_SIZE)
+    seq_len: int = _doc("Sequence length in tokens (text models).", DEFAULT_SEQ_LEN)
     env: str = _doc("Name of the PyTorch environment the cell ran in.", "host")
     trial: int = _doc("Trial index; trials are independent processes.", 0)
     seed: int = _doc("Seed for weights and synthetic data.", 0)
@@ -90,7 +93,8 @@ class Metrics:
 
     throughput_samples_per_s: Optional[float] = _doc(
         "world_size x batch_size x measured_steps / wall time of the measured steps (samples/s "
-        "over all processes; batch_size is per process).",
+        "over all processes; batch_size is per process); modelpar/pipeline: batch_size x "
+        "measured_steps / the slowest stage's wall time (the batch goes through every stage).",
         None,
     )
     measured_wall_s: Optional[float] = _doc("Wall time of the measured steps (synchronised).", None)
@@ -139,7 +143,10 @@ class Metrics:
     achieved_flops_per_s: Optional[float] = _doc(
         "flops_per_sample x throughput_samples_per_s.", None
     )
-    world_size: int = _doc("Processes that trained together (ddp/fsdp); 1 otherwise.", 1)
+    world_size: int = _doc(
+        "Processes that trained together (ddp/fsdp; the stages of modelpar/pipeline); 1 otherwise.",
+        1,
+    )
     batch_size_per_process: Optional[int] = _doc(
         "Samples per step in each process (cell.batch_size); the global batch is world_size x it.",
         None,
@@ -151,6 +158,11 @@ class Metrics:
     fsdp_wrap_policy: str = _doc(
         "How FSDP split the model into units, e.g. 'per block: BertLayer (12 units)'; '' "
         "without fsdp.",
+        "",
+    )
+    stage_split: str = _doc(
+        "How modelpar/pipeline cut the model's layers into stages, by layer index, name and "
+        "parameters, e.g. '0-7 stem..layer3.0 8.5M | 8-17 layer3.1..fc 17.0M'; '' otherwise.",
         "",
     )
     attn_implementation: str = _doc(
@@ -369,11 +381,6 @@ def _from_dict(cls: type, data: dict[str, Any]) -> Any:
 def utc_now() -> str:
     """The current UTC time as the records write it (ISO 8601, seconds)."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-class WriteFailed(OSError):
-    """A file could not be written whole (a full disk, a read-only directory, a quota); no part
-    of it was left behind. The message names the file and the system's reason."""
 
 
 # The temporary file of an atomic write: a dot-file beside its target, named after the target,

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from ptspeed.cell import numerics
-from ptspeed.cell.knobs import Knobs
+from ptspeed.cell.knobs import STAGED, Knobs
+from ptspeed.cell.microbatch import micro_batched
 from ptspeed.cell.record import CellSpec, NumericsCheck
 from ptspeed.cell.steps import Step, build_model, make_step, release_memory, to_device
 from ptspeed.models import Batch, ModelSpec, Sizes
@@ -55,7 +56,7 @@ class CheckCapture:
 
     def before(self) -> Snapshot:
         state = self.placement.full_state(self.model)
-        momentum = _momentum(self.step.optimizer)
+        momentum = self.placement.momentum(self.step.optimizer)
         restorable = not any(m is not None for m in momentum) or len(momentum) == len(
             self.parameter_names
         )
@@ -65,7 +66,7 @@ class CheckCapture:
         """The step's values; None when GradScaler skipped the step (an fp16 overflow, which
         eager, without a scaler, never has)."""
         if self.mode == "infer":
-            return numerics.StepValues(output=output_sample(output))
+            return numerics.StepValues(output=self.placement.reported_output(output_sample(output)))
         after = self.placement.full_state(self.model)
         if snapshot.scale is not None and _scale(self.step) < snapshot.scale:
             return None
@@ -92,7 +93,7 @@ def host_copy(tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, torch.Te
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in tensors}
 
 
-def _momentum(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor | None]:
+def momentum_buffers(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor | None]:
     if optimizer is None:
         return []
     parameters = optimizer.param_groups[0]["params"]
@@ -238,6 +239,8 @@ def check_numerics(
     if not restorable:
         return numerics.not_checked("no check step could be restored in an eager model")
     snapshots = [snapshot for snapshot, _ in restorable]
+    if knobs.parallel in STAGED:  # eager over the same micro-batches, seeded as the stages
+        model_spec = micro_batched(model_spec, knobs.chunks)
     attn = knobs.reference_attention
     fp64, fp64_missing = _fp64_steps(spec, model_spec, host_batch, device, snapshots, attn)
     own_random = knobs.draws_own_random(device.type)

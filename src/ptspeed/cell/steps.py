@@ -17,7 +17,8 @@ import torch
 
 from ptspeed.cell.jit import ONE_OFF_CALLS as JIT_ONE_OFF_CALLS
 from ptspeed.cell.jit import TorchScriptModel
-from ptspeed.cell.knobs import Knobs, Unsupported
+from ptspeed.cell.knobs import Knobs
+from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes
 
 LEARNING_RATE = 1e-3

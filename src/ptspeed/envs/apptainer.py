@@ -22,10 +22,10 @@ from ptspeed.envs.containers import (
     RECIPE,
     RECIPE_FILES,
     BuildSpec,
-    ContainerConfigError,
     ImageManifest,
     digest_of,
 )
+from ptspeed.errors import ConfigError
 
 BUILDERS = ("auto", *ENGINES, "apptainer")
 DEFINITION = Path("docker/ptspeed.def")
@@ -87,17 +87,15 @@ def plan_sif(
 ) -> SifPlan:
     """How this machine makes the Apptainer images, in the order of preference: docker or
     podman (``usable``: ptspeed.envs.containers.engine_usable) then Apptainer, else Apptainer
-    alone; raises :class:`ContainerConfigError`."""
+    alone; raises :class:`ConfigError`."""
     if settings["images"] == "pull":
         return SifPlan("registry")
     builder = settings["builder"]
     if builder not in BUILDERS:
-        raise ContainerConfigError(
-            f"containers.builder: {builder!r} is not one of {', '.join(BUILDERS)}"
-        )
+        raise ConfigError(f"containers.builder: {builder!r} is not one of {', '.join(BUILDERS)}")
     if builder in ENGINES:
         if not usable(builder):
-            raise ContainerConfigError(
+            raise ConfigError(
                 f"containers.builder: {builder} is not on PATH or its daemon does not answer"
             )
         return SifPlan("image", builder)
@@ -107,7 +105,7 @@ def plan_sif(
             return SifPlan("image", engine)
     if which("apptainer"):
         return SifPlan("definition")
-    raise ContainerConfigError(
+    raise ConfigError(
         NO_BUILDER if builder == "auto" else "containers.builder: apptainer is not on PATH"
     )
 
@@ -125,7 +123,8 @@ def sif_commands(
     if plan.source == "registry":
         return [[*build, str(sif), f"docker://{reference.split('://', 1)[-1]}"]]
     if plan.source == "image":
-        assert manifest is not None and plan.engine is not None
+        if manifest is None or plan.engine is None:
+            raise ValueError("an Apptainer image made from an image needs its manifest and engine")
         if plan.engine == "docker":
             return [[*build, str(sif), f"docker-daemon:{manifest.image}"]]
         archive = sif.with_name(f"{sif.name}.tar")
@@ -135,7 +134,8 @@ def sif_commands(
             [*build, str(sif), f"docker-archive:{archive}"],
             ["rm", "-f", str(archive)],
         ]  # fmt: skip
-    assert spec is not None
+    if spec is None:
+        raise ValueError("an Apptainer image built from the definition needs its build spec")
     if os.geteuid() != 0:
         build.append("--fakeroot")
     for name, value in {"PROJECT": str(project), **spec.build_arguments()}.items():
@@ -195,7 +195,7 @@ def check_driver(env: str, base_image: str, driver: str) -> None:
         return
     minimum = CUDA_MINIMUM_DRIVER[max(older)]
     if _version(driver) < _version(minimum):
-        raise ContainerConfigError(
+        raise ConfigError(
             f"environments.{env}: its image's base has CUDA {cuda[0]}.{cuda[1]} "
             f"({base_image.split('@')[0]}), which needs an NVIDIA driver >= {minimum}; this "
             f"node's driver is {driver}: set environments.{env}.base_image to an older CUDA "

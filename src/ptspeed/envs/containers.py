@@ -31,6 +31,7 @@ from ptspeed.cell.provenance import (
     GIT_COMMIT_VARIABLE,
 )
 from ptspeed.envs.venvs import find_uv
+from ptspeed.errors import ConfigError, ContainerError
 from ptspeed.launch.gpus import COUNT_VARIABLE, VISIBLE_DEVICES_VARIABLE
 
 ENGINES = ("docker", "podman")
@@ -50,25 +51,6 @@ PASSED_VARIABLES = (VISIBLE_DEVICES_VARIABLE, COUNT_VARIABLE, GIT_COMMIT_VARIABL
 LOCKED_PACKAGES = ("torch", "torchvision", "transformers")
 DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
 ENGINE_TIMEOUT_S = 120
-
-
-SETTINGS_DEFAULTS: dict[str, object] = {
-    "runtime": "apptainer",
-    "images": "build",
-    "builder": "auto",
-    "ca_bundle": "",
-    "registry": "",
-    "push": False,
-    "image_dir": "",
-}
-
-
-class ContainerError(Exception):
-    """A build, pull or inspection failed; the message says which command and why."""
-
-
-class ContainerConfigError(ValueError):
-    """The config's containers or container environments do not fit; one line naming the key."""
 
 
 @dataclass(frozen=True)
@@ -152,10 +134,12 @@ def forget_pruned_image(manifest_path: Path, engine: str) -> str:
 
 
 def container_settings(config: Mapping[str, object]) -> dict[str, Any]:
-    """The config's ``containers`` section with its defaults."""
-    given = config.get("containers") or {}
-    assert isinstance(given, Mapping)
-    settings = {**SETTINGS_DEFAULTS, **given}
+    """The config's ``containers`` section, which ptspeed.plan.config fills with the schema's
+    defaults."""
+    given = config.get("containers")
+    if not isinstance(given, Mapping):
+        raise ConfigError("containers: missing or not a mapping")
+    settings = dict(given)
     # --config passes nested values as text.
     settings["push"] = settings["push"] in (True, "true")
     return settings
@@ -211,21 +195,22 @@ def is_registry_reference(uri: str) -> bool:
 
 
 def check_container_config(config: Mapping[str, object], in_apptainer: bool = False) -> None:
-    """What the schema cannot say about containers; raises :class:`ContainerConfigError`.
+    """What the schema cannot say about containers; raises :class:`ConfigError`.
     ``in_apptainer``: the run is under --use-singularity / --sdm apptainer."""
     settings = container_settings(config)
     bundle = settings["ca_bundle"]
     if bundle and not Path(bundle).expanduser().is_file():
-        raise ContainerConfigError(f"containers.ca_bundle: {bundle!r} is not a file")
+        raise ConfigError(f"containers.ca_bundle: {bundle!r} is not a file")
     if settings["push"] and not settings["registry"]:
-        raise ContainerConfigError(
+        raise ConfigError(
             "containers.push: true needs containers.registry (e.g. registry.example.org/ptspeed)"
         )
     environments = config["environments"]
-    assert isinstance(environments, Mapping)
+    if not isinstance(environments, Mapping):
+        raise ConfigError("environments: not a mapping")
     for name, spec in environments.items():
         if spec["kind"] == "container" and not runs_in_image(spec, settings, in_apptainer):
-            raise ContainerConfigError(
+            raise ConfigError(
                 f"environments.{name}: kind container with containers.runtime apptainer runs "
                 "only under --use-singularity (--sdm apptainer)"
             )
@@ -244,18 +229,18 @@ def runs_in_image(spec: Mapping[str, Any], settings: Mapping[str, Any], in_appta
 def _check_image_source(name: str, spec: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
     uri = spec.get("container", "")
     if uri and not is_registry_reference(uri):
-        raise ContainerConfigError(
+        raise ConfigError(
             f"environments.{name}.container: {uri!r} is not an image reference "
             "(docker://name[:tag][@sha256:…] or name[:tag])"
         )
     if settings["images"] == "build" and not (spec.get("requirements") and spec.get("python")):
-        raise ContainerConfigError(
+        raise ConfigError(
             f"environments.{name}: containers.images build needs requirements and python "
             "(the lock and Python the image is built with)"
         )
     if settings["images"] == "pull" and not digest_of(uri):
         registry = settings["registry"] or "registry.example.org/ptspeed"
-        raise ContainerConfigError(
+        raise ConfigError(
             f"environments.{name}.container: containers.images pull takes an image pinned by "
             f"digest, e.g. docker://{registry}/{name}@sha256:… (a push prints them: "
             f"config/README.md, containers.push); got {uri or 'none'!r}"

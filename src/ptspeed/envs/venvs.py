@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ptspeed.cell.record import process_exists
+from ptspeed.errors import EnvBuildError
 
 MARKER_NAME = "ptspeed-env.json"
 INSTALLERS = ("uv", "pip")
@@ -49,10 +50,6 @@ _PIP_TO_UV = {
     "PIP_EXTRA_INDEX_URL": "UV_EXTRA_INDEX_URL",
 }
 _PIN_LINE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)")
-
-
-class EnvBuildError(RuntimeError):
-    """An environment cannot be built; the message is one line that says what to do."""
 
 
 def find_python(version: str, env_name: str | None = None) -> Path:

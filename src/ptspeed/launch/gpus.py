@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from ptspeed.cell.knobs import parse_knobs
-from ptspeed.plan.matrix import ConfigError
+from ptspeed.errors import ConfigError, GpuRequestError
 
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
 COUNT_VARIABLE = "PTSPEED_GPU_COUNT"
@@ -47,10 +47,6 @@ LOCK_DIR_VARIABLE = "PTSPEED_GPU_LOCK_DIR"
 ASSIGNMENT_VARIABLE = "PTSPEED_GPU_ASSIGNMENT"
 POLL_INTERVAL_S = 0.2
 NVIDIA_SMI_TIMEOUT_S = 30
-
-
-class GpuRequestError(Exception):
-    """The cell asks for GPUs this node cannot give; the message says what it has."""
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.provenance import collect_base
 from ptspeed.cell.record import CellSpec, Record, read_record, utc_now, write_record
+from ptspeed.errors import BadInput
 from ptspeed.launch import torchrun
 from ptspeed.launch.worker import WATCHDOG_PID_VARIABLE
 

@@ -15,16 +15,43 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ptspeed.cell.knobs import BadInput
+from ptspeed.errors import BadInput
 
 Batch = dict[str, Any]
+# The sizes a cell takes when none is given (a model that does not use a size ignores it).
+DEFAULT_IMAGE_SIZE = 224
+DEFAULT_SEQ_LEN = 128
 
 
 @dataclass(frozen=True)
 class Sizes:
     batch_size: int
-    image_size: int = 224
-    seq_len: int = 128
+    image_size: int = DEFAULT_IMAGE_SIZE
+    seq_len: int = DEFAULT_SEQ_LEN
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of a model cut into stages (model parallelism, :mod:`ptspeed.cell.stages`):
+    its name, the module that holds its parameters and buffers, and ``run(x, batch)``: its
+    output (one tensor) from the previous layer's output ``x`` (None for the first layer,
+    which reads the batch)."""
+
+    name: str
+    module: Any
+    run: Callable[[Any, Batch], Any]
+
+
+@dataclass(frozen=True)
+class Layering:
+    """How a model is cut into stages: ``layers(model)``, its layers in order (the last one's
+    output is the inference output); ``loss(output, batch)``, the training loss from that
+    output, as ``ModelSpec.loss`` computes it; ``count(batch)``, how many terms the loss
+    averages over (None: the samples), which weighs the micro-batches of a pipeline."""
+
+    layers: Callable[[Any], list[Layer]]
+    loss: Callable[[Any, Batch], Any]
+    count: Callable[[Batch], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +71,9 @@ class ModelSpec:
     # For a model with several attention implementations (transformers'): the implementation a
     # built model uses; ``build`` then takes ``attn=`` (None: the library's default).
     attention: Callable[[Any], str] | None = None
+    # The model as consecutive layers, for modelpar/pipeline; None: it cannot be cut (why).
+    layering: Layering | None = None
+    unstaged_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,14 +83,20 @@ class ModelEntry:
     module: str
     uses: tuple[str, ...]
     limits: dict[str, tuple[int, int]]
+    # Batch norm: a pipeline's micro-batches normalise with their own statistics (GPipe).
+    batch_norm: bool = False
 
 
 MAX_BATCH = 65536
 REGISTRY: dict[str, ModelEntry] = {
     "mlp": ModelEntry("ptspeed.models.seed", (), {}),
     "lstm-lm": ModelEntry("ptspeed.models.seed", ("seq_len",), {"seq_len": (1, 8192)}),
-    "resnet50": ModelEntry("ptspeed.models.vision", ("image_size",), {"image_size": (32, 2048)}),
-    "mask-rcnn": ModelEntry("ptspeed.models.vision", ("image_size",), {"image_size": (64, 2048)}),
+    "resnet50": ModelEntry(
+        "ptspeed.models.vision", ("image_size",), {"image_size": (32, 2048)}, batch_norm=True
+    ),
+    "mask-rcnn": ModelEntry(
+        "ptspeed.models.vision", ("image_size",), {"image_size": (64, 2048)}, batch_norm=True
+    ),
     "bert-base": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (8, 512)}),
     "gpt2": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (2, 1024)}),
 }

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn import functional
 
-from ptspeed.models import Batch, ModelSpec, Sizes
+from ptspeed.models import Batch, Layer, Layering, ModelSpec, Sizes
 
 MLP_FEATURES = 1000
 MLP_CLASSES = 10
@@ -52,8 +55,46 @@ def _lstm_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
 
 
 def _lstm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-    logits = model(batch["tokens"])
+    return _lstm_output_loss(model(batch["tokens"]), batch)
+
+
+def _lstm_output_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return functional.cross_entropy(logits.reshape(-1, LSTM_VOCAB), batch["targets"].reshape(-1))
+
+
+def _mlp_output_loss(output: torch.Tensor, batch: Batch) -> torch.Tensor:
+    return functional.cross_entropy(output, batch["y"])
+
+
+def _mlp_layers(model: SimpleModel) -> list[Layer]:
+    return [
+        Layer("fc1", model.fc1, lambda x, batch: torch.relu(model.fc1(batch["x"]))),
+        Layer("fc2", model.fc2, lambda x, batch: model.fc2(x)),
+    ]
+
+
+def _lstm_layers(model: LanguageModel) -> list[Layer]:
+    """The embedding, each LSTM layer on its own (a one-layer LSTM sharing the parameters of
+    layer k: stacked LSTM layers without dropout are exactly that) and the vocabulary head."""
+    lstms = [_lstm_layer(model.lstm, k) for k in range(model.lstm.num_layers)]
+    return [
+        Layer("embedding", model.embedding, lambda x, batch: model.embedding(batch["tokens"])),
+        *(Layer(f"lstm.{k}", lstm, _first_output(lstm)) for k, lstm in enumerate(lstms)),
+        Layer("fc", model.fc, lambda x, batch: model.fc(x)),
+    ]
+
+
+def _lstm_layer(lstm: nn.LSTM, k: int) -> nn.LSTM:
+    size = lstm.input_size if k == 0 else lstm.hidden_size
+    layer = nn.LSTM(size, lstm.hidden_size, 1, bias=lstm.bias, batch_first=lstm.batch_first)
+    for name in layer._flat_weights_names:  # weight_ih_l0, ...: point them at layer k's
+        setattr(layer, name, getattr(lstm, name.replace("_l0", f"_l{k}")))
+    layer.flatten_parameters()  # cuDNN wants the layer's weights in one buffer (CUDA only)
+    return layer
+
+
+def _first_output(module: nn.Module) -> Callable[[Any, Batch], Any]:
+    return lambda x, batch: module(x)[0]
 
 
 SPECS = {
@@ -62,9 +103,10 @@ SPECS = {
         description="The seed's SimpleModel: Linear 1000→1000, ReLU, Linear 1000→10",
         build=lambda sizes: SimpleModel(),
         make_batch=_mlp_batch,
-        loss=lambda model, batch: functional.cross_entropy(model(batch["x"]), batch["y"]),
+        loss=lambda model, batch: _mlp_output_loss(model(batch["x"]), batch),
         infer=lambda model, batch: model(batch["x"]),
         blocks=("Linear",),
+        layering=Layering(_mlp_layers, _mlp_output_loss),
     ),
     "lstm-lm": ModelSpec(
         name="lstm-lm",
@@ -74,5 +116,6 @@ SPECS = {
         loss=_lstm_loss,
         infer=lambda model, batch: model(batch["tokens"]),
         blocks=("Embedding", "LSTM", "Linear"),
+        layering=Layering(_lstm_layers, _lstm_output_loss),
     ),
 }

@@ -24,8 +24,8 @@ import torch
 import transformers
 from torch import nn
 
-from ptspeed.cell.knobs import Unsupported
-from ptspeed.models import Batch, ModelSpec, Sizes
+from ptspeed.errors import Unsupported
+from ptspeed.models import Batch, Layer, Layering, ModelSpec, Sizes
 
 MASKED_FRACTION = 0.15
 
@@ -95,6 +95,57 @@ def _causal_lm_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
     return {"input_ids": tokens}
 
 
+def _masked_lm_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """BertForMaskedLM's loss: the mean over the masked tokens."""
+    labels = batch["labels"]
+    return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+
+
+def _masked_count(batch: Batch) -> torch.Tensor:
+    return (batch["labels"] != IGNORED_LABEL).sum()
+
+
+def _causal_lm_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """GPT2LMHeadModel's loss: each position predicts the next token."""
+    shifted = logits[..., :-1, :].contiguous()
+    labels = batch["input_ids"][..., 1:].contiguous()
+    return nn.functional.cross_entropy(shifted.view(-1, shifted.size(-1)), labels.view(-1))
+
+
+def _bert_layers(model: transformers.BertForMaskedLM) -> list[Layer]:
+    """The embeddings, each encoder layer, the masked-LM head (no padding: no attention mask,
+    which BertModel would make all zeros)."""
+    embeddings, head = model.bert.embeddings, model.cls
+    return [
+        Layer("embeddings", embeddings, lambda x, batch: embeddings(input_ids=batch["input_ids"])),
+        *(_block(f"encoder.{i}", layer) for i, layer in enumerate(model.bert.encoder.layer)),
+        Layer("head", head, lambda x, batch: head(x)),
+    ]
+
+
+def _gpt2_layers(model: transformers.GPT2LMHeadModel) -> list[Layer]:
+    """Token and position embeddings, each block (causal masks of their own), the final layer
+    norm with the vocabulary head (whose weight is the token embedding's)."""
+    body = model.transformer
+
+    def embed(x: object, batch: Batch) -> torch.Tensor:
+        tokens = batch["input_ids"]
+        positions = torch.arange(tokens.size(-1), device=tokens.device).unsqueeze(0)
+        return body.drop(body.wte(tokens) + body.wpe(positions))
+
+    embedding = nn.ModuleList([body.wte, body.wpe, body.drop])
+    head = nn.ModuleList([body.ln_f, model.lm_head])
+    return [
+        Layer("embedding", embedding, embed),
+        *(_block(f"h.{i}", block) for i, block in enumerate(body.h)),
+        Layer("head", head, lambda x, batch: model.lm_head(body.ln_f(x))),
+    ]
+
+
+def _block(name: str, block: nn.Module) -> Layer:
+    return Layer(name, block, lambda x, batch: block(x)[0])
+
+
 SPECS = {
     "bert-base": ModelSpec(
         name="bert-base",
@@ -105,6 +156,7 @@ SPECS = {
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
         blocks=("BertLayer",),
         attention=attention_implementation,
+        layering=Layering(_bert_layers, _masked_lm_loss, _masked_count),
     ),
     "gpt2": ModelSpec(
         name="gpt2",
@@ -117,5 +169,6 @@ SPECS = {
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
         blocks=("GPT2Block",),
         attention=attention_implementation,
+        layering=Layering(_gpt2_layers, _causal_lm_loss),
     ),
 }

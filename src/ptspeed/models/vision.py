@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -9,7 +10,7 @@ import torchvision
 from torch import nn
 from torch.nn import functional
 
-from ptspeed.models import Batch, ModelSpec, Sizes
+from ptspeed.models import Batch, Layer, Layering, ModelSpec, Sizes
 
 IMAGENET_CLASSES = 1000
 COCO_CLASSES = 91
@@ -18,6 +19,31 @@ BOXES_PER_IMAGE = 4
 
 def _resnet50(sizes: Sizes) -> nn.Module:
     return torchvision.models.resnet50(weights=None, num_classes=IMAGENET_CLASSES)
+
+
+def _image_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    return functional.cross_entropy(logits, batch["labels"])
+
+
+def _resnet_layers(model: torchvision.models.ResNet) -> list[Layer]:
+    """The stem, each bottleneck of layer1..layer4, and pooling with the classifier."""
+    stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
+    stages = [model.layer1, model.layer2, model.layer3, model.layer4]
+    blocks = [
+        Layer(f"layer{s}.{b}", block, _call(block))
+        for s, stage in enumerate(stages, start=1)
+        for b, block in enumerate(stage)
+    ]
+    head = nn.ModuleList([model.avgpool, model.fc])
+    return [
+        Layer("stem", stem, lambda x, batch: stem(batch["images"])),
+        *blocks,
+        Layer("fc", head, lambda x, batch: model.fc(torch.flatten(model.avgpool(x), 1))),
+    ]
+
+
+def _call(module: nn.Module) -> Callable[[Any, Batch], Any]:
+    return lambda x, batch: module(x)
 
 
 def _image_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
@@ -89,10 +115,11 @@ SPECS = {
         description="torchvision ResNet-50, 1000 classes, random weights",
         build=_resnet50,
         make_batch=_image_batch,
-        loss=lambda model, batch: functional.cross_entropy(model(batch["images"]), batch["labels"]),
+        loss=lambda model, batch: _image_loss(model(batch["images"]), batch),
         infer=lambda model, batch: model(batch["images"]),
         image_model=True,
         blocks=("Bottleneck",),
+        layering=Layering(_resnet_layers, _image_loss),
     ),
     "mask-rcnn": ModelSpec(
         name="mask-rcnn",
@@ -104,5 +131,9 @@ SPECS = {
         image_model=True,
         ragged_output=True,
         blocks=("Bottleneck",),
+        unstaged_reason=(
+            "Mask R-CNN takes lists of images and targets and returns a dict of losses from "
+            "branches (RPN, box and mask heads): no sequence of layers passing one tensor"
+        ),
     ),
 }

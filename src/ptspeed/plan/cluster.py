@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ptspeed.plan.matrix import ConfigError
+from ptspeed.errors import ConfigError
 
 SLURM_RESOURCE_OF_KEY = {
     "partition": "slurm_partition",

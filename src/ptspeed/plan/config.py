@@ -35,9 +35,10 @@ import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 from jsonschema.exceptions import best_match
 
-from ptspeed.plan.matrix import ConfigError, check_config
+from ptspeed.errors import ConfigError
+from ptspeed.plan.matrix import check_config
 
-__all__ = ["ConfigError", "prepare_config", "schema_errors"]
+__all__ = ["prepare_config", "schema_errors"]
 
 PROJECT_DIR = Path(__file__).resolve().parents[3]
 SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
@@ -87,7 +88,7 @@ def prepare_config(
     for path in config_files:
         _refuse_templates(Path(path))
     _check_plain_data(raw)
-    schema = _load_schema(str(schema_path))
+    schema = load_schema(schema_path)
     error = best_match(schema_errors(raw, schema))
     if error is not None:
         raise ConfigError(describe(error))
@@ -194,7 +195,8 @@ def _scalar_problem(value: Any) -> str:
 
 
 @functools.cache
-def _load_schema(path: str) -> dict[str, Any]:
+def load_schema(path: str | os.PathLike[str] = SCHEMA_PATH) -> dict[str, Any]:
+    """The config's JSON Schema, which also holds every config default."""
     with open(path, encoding="utf-8") as handle:
         return yaml.safe_load(handle)
 

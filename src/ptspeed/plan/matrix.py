@@ -9,61 +9,28 @@ strings, and sizes against each model's limits. Every problem is one line naming
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import Any
 
+from ptspeed.cell.arguments import to_arguments
 from ptspeed.cell.checks import check_cell
-from ptspeed.cell.knobs import BadInput, parse_knobs
+from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import CellSpec
+from ptspeed.errors import BadInput, ConfigError
 from ptspeed.models import REGISTRY, Sizes, check_sizes
+from ptspeed.plan.layout import Cell, configured_sizes, size_label
 
-DEVICE_CLASSES = ("cpu", "cuda")
 MINUTES_OF_SLACK = 5
 
 
-class ConfigError(ValueError):
-    """The config cannot be run; the message names the key."""
-
-
-@dataclass(frozen=True)
-class Cell:
-    env: str
-    model: str
-    variant: str
-    mode: str
-    size: str
-    trial: int
-
-    @property
-    def key(self) -> str:
-        """The cell without its trial: ``env/model/variant/mode/size``."""
-        return f"{self.env}/{self.model}/{self.variant}/{self.mode}/{self.size}"
-
-    @property
-    def path(self) -> str:
-        """The record's path under the results directory."""
-        return f"records/{self.key}/trial{self.trial}.json"
-
-
-def size_label(model: str, sizes: Sizes) -> str:
-    """A path-safe label of the sizes that matter for ``model``, e.g. 'b8-i96' or 'b4-s64'."""
-    label = f"b{sizes.batch_size}"
-    if "image_size" in REGISTRY[model].uses:
-        label += f"-i{sizes.image_size}"
-    if "seq_len" in REGISTRY[model].uses:
-        label += f"-s{sizes.seq_len}"
-    return label
-
-
 def model_sizes(config: Mapping[str, Any], model: str, device_class: str) -> Sizes:
-    table = config["models"][model].get(device_class) or {}
-    defaults = Sizes(batch_size=1)
-    return Sizes(
-        batch_size=table.get("batch_size", 0),
-        image_size=table.get("image_size", defaults.image_size),
-        seq_len=table.get("seq_len", defaults.seq_len),
-    )
+    """The sizes of the cells of ``model`` on ``device_class``."""
+    sizes = configured_sizes(config, model, device_class)
+    if sizes is None:
+        raise ConfigError(f"models.{model}.{device_class}: no sizes for this device class")
+    return Sizes(**sizes)
 
 
 def check_config(config: Mapping[str, Any], device_class: str) -> None:
@@ -72,8 +39,6 @@ def check_config(config: Mapping[str, Any], device_class: str) -> None:
     for model in config["models"]:
         if model not in REGISTRY:
             raise ConfigError(f"models.{model}: unknown model (accepted: {', '.join(REGISTRY)})")
-        if not config["models"][model].get(device_class):
-            raise ConfigError(f"models.{model}.{device_class}: no sizes for this device class")
         try:
             check_sizes(model, model_sizes(config, model, device_class))
         except BadInput as exc:
@@ -153,30 +118,14 @@ def variant_compiles(config: Mapping[str, Any], variant: str) -> bool:
     return parse_knobs(config["variants"][variant]).compile_mode is not None
 
 
-def cell_options(spec: CellSpec, oom_retry: bool) -> list[str]:
-    """The options of ``python -m ptspeed cell`` (ptspeed.cli) that run ``spec``."""
-    options = {
-        "--env": spec.env,
-        "--model": spec.model,
-        "--variant": spec.variant,
-        "--knobs": spec.knobs,
-        "--mode": spec.mode,
-        "--batch-size": spec.batch_size,
-        "--image-size": spec.image_size,
-        "--seq-len": spec.seq_len,
-        "--trial": spec.trial,
-        "--warmup": spec.warmup_steps,
-        "--steps": spec.measured_steps,
-        "--numerics-steps": spec.numerics_steps,
-        "--device": spec.device,
-        "--threads": spec.threads,
-        "--timeout": spec.timeout_s,
-    }
-    if spec.compiler_cache:
-        options["--compiler-cache"] = spec.compiler_cache
-    flat = [str(part) for option in options.items() for part in option]
-    switches = {"--oom-retry": oom_retry, "--cold-compiler-cache": spec.compiler_cache_cold}
-    return flat + [switch for switch, wanted in switches.items() if wanted]
+def cell_command_line(
+    config: Mapping[str, Any], wildcards: Mapping[str, str], device_class: str, threads: int
+) -> str:
+    """The shell arguments (all but ``--out``) of ``python -m ptspeed cell`` in the workflow's
+    job of ``wildcards``; ``threads``: the job's, which a CPU cell gives torch."""
+    cell_threads = threads if device_class == "cpu" else 0
+    spec = cell_spec(config, Cell.from_wildcards(wildcards), device_class, cell_threads)
+    return shlex.join(to_arguments(spec, config["oom_retry"]))
 
 
 def _check_environments(environments: Mapping[str, Any]) -> None:
@@ -202,7 +151,8 @@ def cells(config: Mapping[str, Any], device_class: str) -> Iterator[Cell]:
     pairs = env_variant_pairs(config)
     for trial in range(config["trials"]):
         for model in config["models"]:
-            size = size_label(model, model_sizes(config, model, device_class))
+            sizes = asdict(model_sizes(config, model, device_class))
+            size = size_label(sizes, REGISTRY[model].uses)
             for mode in config["modes"]:
                 for env, variant in pairs:
                     yield Cell(env, model, variant, mode, size, trial)

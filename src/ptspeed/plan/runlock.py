@@ -18,13 +18,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ptspeed.errors import ResultsInUse
+
 LOCK_NAME = ".ptspeed-run.lock"
 
 _held: dict[Path, int] = {}
-
-
-class ResultsInUse(RuntimeError):
-    """Another run holds the results directory; the message says which."""
 
 
 def hold_results_lock(results: str | os.PathLike[str]) -> Path:

@@ -11,6 +11,10 @@ rather than a panel per model keeps drawing fast (matplotlib's cost is per axes)
 narrow enough for a phone; where values span more than a decade the axis is logarithmic, so
 that every model's differences stay visible. Every row's label gives the number of trials it
 came from.
+
+seaborn draws the points (``scatterplot``) and the boxes (``boxplot``); matplotlib draws the
+intervals, which are given (seaborn's error bars are intervals it computes from raw values),
+the forest plot's hollow points and claims, and the row labels.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
@@ -40,6 +45,7 @@ PAD_IN = 1.0
 MAX_ROWS = 48
 LOG_SPAN = 10.0
 GROUP_KEYS = ["model", "mode", "batch_size", "image_size", "seq_len"]
+CELL_KEYS = [*GROUP_KEYS, "env", "variant"]
 CLAIM_COLOUR = "crimson"
 BYTES_PER_MIB = 1024 * 1024
 
@@ -68,26 +74,17 @@ def series_colours(labels: Sequence[str]) -> dict[str, tuple[float, float, float
 
 
 def forest_plot(speedups: pd.DataFrame) -> Chart | None:
-    """Each measured speedup with its interval, 1 (no change) and the published claims marked."""
+    """Each measured speedup with its interval, 1 (no change) and the published claims marked.
+
+    matplotlib, not seaborn: the intervals are given (seaborn draws only those it computes from
+    raw values)."""
     rows = speedups[pd.to_numeric(speedups["speedup"], errors="coerce").notna()]
     if rows.empty:
         return None
-    shown = rows.head(MAX_ROWS).to_dict("records")
-    colours = series_colours([str(r["comparison"]) for r in shown])
-    labels = [_forest_label(r) for r in shown]
+    shown = rows.head(MAX_ROWS)
+    labels = [_forest_label(row) for row in shown.to_dict("records")]
     figure, ax = _figure(len(shown), labels)
-    points = [
-        Point(position, float(row["speedup"]), colours[str(row["comparison"])],
-              _number(row["speedup_low"]), _number(row["speedup_high"]))
-        for position, row in enumerate(shown)
-    ]  # fmt: skip
-    _draw_points(ax, points, hollow_without_interval=True)
-    claimed = [(p, _number(r["published_speedup"])) for p, r in enumerate(shown)]
-    claimed = [(p, value) for p, value in claimed if math.isfinite(value)]
-    if claimed:
-        positions, values = zip(*claimed, strict=True)
-        ax.plot(values, positions, "D", color=CLAIM_COLOUR, markersize=5, linestyle="none")
-    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    _draw_forest(ax, shown)
     _row_labels(ax, labels)
     ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.tick_params(axis="x", labelsize=FONT)
@@ -102,6 +99,28 @@ def forest_plot(speedups: pd.DataFrame) -> Chart | None:
         "dashed line at no change, published claims as red diamonds."
     )
     return Chart(alt, _data_uri(figure), _left_out(len(rows), len(shown), "speedups"))
+
+
+def _draw_forest(ax: Axes, speedups: pd.DataFrame) -> None:
+    """A row per speedup, coloured by comparison: its point (hollow without an interval), its
+    interval, the published claim; and a line at 1."""
+    points = speedups.assign(
+        _value=_numbers(speedups["speedup"]),
+        _low=_numbers(speedups["speedup_low"]),
+        _high=_numbers(speedups["speedup_high"]),
+        _claim=_numbers(speedups["published_speedup"]),
+        _series=speedups["comparison"].astype(str),
+        _y=range(len(speedups)),
+    )
+    colours = series_colours(points["_series"].tolist())
+    _intervals(ax, points, colours)
+    edges = [colours[series] for series in points["_series"]]
+    faces = [c if has else "none" for c, has in zip(edges, _has_interval(points), strict=True)]
+    ax.scatter(points["_value"], points["_y"], s=25, facecolors=faces, edgecolors=edges, zorder=3)
+    claimed = points[np.isfinite(points["_claim"])]
+    ax.plot(claimed["_claim"], claimed["_y"], "D", color=CLAIM_COLOUR, markersize=5,
+            linestyle="none", zorder=4)  # fmt: skip
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
 
 
 def _forest_label(row: Mapping[str, Any]) -> str:
@@ -157,7 +176,9 @@ def cell_dots(summary: pd.DataFrame, spec: DotSpec) -> Chart | None:
     """``spec.value`` of every cell with ok trials as a point (with its interval where ``spec``
     names one), labelled with the cell's ok trials."""
     frame = _with_series(summary).assign(
-        _value=pd.to_numeric(summary[spec.value], errors="coerce") * spec.scale
+        _value=_numbers(summary[spec.value]) * spec.scale,
+        _low=_numbers(summary[spec.low]) * spec.scale if spec.low else math.nan,
+        _high=_numbers(summary[spec.high]) * spec.scale if spec.high else math.nan,
     )
     frame = frame[(frame["_value"] > 0) & (frame["ok_trials"].fillna(0) > 0)]
     if frame.empty:
@@ -165,22 +186,14 @@ def cell_dots(summary: pd.DataFrame, spec: DotSpec) -> Chart | None:
     counts = [f"(n={_count(n)})" for n in frame["ok_trials"]]
     frame = frame.assign(_label=[f"{s} {n}" for s, n in zip(frame["_series"], counts, strict=True)])
     layout = _grouped_rows(frame)
+    shown = layout.place(frame)
     colours = series_colours(frame["_series"].tolist())
     figure, ax = _figure(len(layout.labels), layout.labels)
-    low, high = (
-        pd.to_numeric(frame[column], errors="coerce") * spec.scale
-        if column
-        else pd.Series(math.nan, index=frame.index)
-        for column in (spec.low, spec.high)
-    )
-    points = [
-        Point(position, frame.at[index, "_value"], colours[frame.at[index, "_series"]],
-              low[index], high[index])
-        for position, index in layout.items
-    ]  # fmt: skip
-    _draw_points(ax, points)
+    _intervals(ax, shown, colours)
+    sns.scatterplot(data=shown, x="_value", y="_y", hue="_series", hue_order=list(colours),
+                    palette=colours, s=36, linewidth=0, legend=False, zorder=3, ax=ax)  # fmt: skip
     _finish_rows(ax, layout, frame["_value"], spec.xlabel)
-    note = _left_out(len(frame), len(layout.items), "cells")
+    note = _left_out(len(frame), len(shown), "cells")
     return Chart(spec.alt, _data_uri(figure), note)
 
 
@@ -190,13 +203,11 @@ def cell_dots(summary: pd.DataFrame, spec: DotSpec) -> Chart | None:
 def step_time_boxes(steps: pd.DataFrame) -> Chart | None:
     """Box plots of the measured step times of every cell, over all its ok trials; each box is
     labelled with its trials and steps."""
-    frame = _with_series(steps).assign(
-        _value=pd.to_numeric(steps["step_time_s"], errors="coerce") * 1000.0
-    )
+    frame = _with_series(steps).assign(_value=_numbers(steps["step_time_s"]) * 1000.0)
     frame = frame[frame["_value"] > 0]
     if frame.empty:
         return None
-    cells = frame.groupby([*GROUP_KEYS, "env", "variant"], sort=False, dropna=False)
+    cells = frame.groupby(CELL_KEYS, sort=False, dropna=False)
     first_rows = frame.loc[cells.head(1).index]
     trials, step_counts = cells["trial"].transform("nunique"), cells["_value"].transform("size")
     first_rows = first_rows.assign(
@@ -206,25 +217,20 @@ def step_time_boxes(steps: pd.DataFrame) -> Chart | None:
         ]
     )
     layout = _grouped_rows(first_rows)
-    keys = {index: f"row{position}" for position, index in layout.items}
-    shown = first_rows.loc[list(keys)]
-    frame = frame.merge(
-        shown[[*GROUP_KEYS, "env", "variant"]].assign(_row=list(keys.values())),
-        on=[*GROUP_KEYS, "env", "variant"],
-    )
+    shown = layout.place(first_rows)
+    frame = frame.merge(shown[[*CELL_KEYS, "_row"]], on=CELL_KEYS)
     colours = series_colours(first_rows["_series"].tolist())
     figure, ax = _figure(len(layout.labels), layout.labels)
-    order = [keys.get(index, f"heading{p}") for p, index in enumerate(layout.row_index)]
     with warnings.catch_warnings():
         # seaborn 0.13 hands matplotlib 3.11 the deprecated ``vert``: its problem, not the reader's.
         warnings.filterwarnings("ignore", message="vert: bool was deprecated")
-        _boxes(ax, frame, order, colours)
+        _boxes(ax, frame, layout.order, colours)
     _finish_rows(ax, layout, frame["_value"], "measured step time (ms)")
     alt = (
         "Box plots grouped by model, mode and batch size: the distribution of the measured "
         "step times of each environment and variant over all its ok trials."
     )
-    note = _left_out(len(first_rows), len(layout.items), "cells")
+    note = _left_out(len(first_rows), len(shown), "cells")
     return Chart(alt, _data_uri(figure), note)
 
 
@@ -250,34 +256,19 @@ def _boxes(ax: Axes, frame: pd.DataFrame, order: list[str], colours: Mapping[str
 # --- shared --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Point:
-    """One row's value, with its interval where it has one (NaN ends: none)."""
+def _intervals(ax: Axes, rows: pd.DataFrame, colours: Mapping[str, Any]) -> None:
+    """The given intervals (``_low`` to ``_high`` around ``_value``, at ``_y``) as error bars,
+    one artist per colour: matplotlib, since seaborn draws only intervals it computes itself."""
+    rows = rows[_has_interval(rows)]
+    for series, group in rows.groupby("_series", sort=False):
+        below = (group["_value"] - group["_low"]).clip(lower=0)
+        above = (group["_high"] - group["_value"]).clip(lower=0)
+        ax.errorbar(group["_value"], group["_y"], xerr=[below, above], fmt="none",
+                    ecolor=colours[series], capsize=2)  # fmt: skip
 
-    position: int
-    value: float
-    colour: Any
-    low: float = math.nan
-    high: float = math.nan
 
-
-def _draw_points(ax: Axes, points: Sequence[Point], hollow_without_interval: bool = False) -> None:
-    """One artist per colour and kind rather than per point: drawing cost is per artist."""
-    groups: dict[tuple[Any, bool], list[Point]] = {}
-    for point in points:
-        has_interval = _finite(point.low) and _finite(point.high)
-        groups.setdefault((point.colour, has_interval), []).append(point)
-    for (colour, has_interval), group in groups.items():
-        values, positions = [p.value for p in group], [p.position for p in group]
-        if has_interval:
-            below = [max(p.value - p.low, 0.0) for p in group]
-            above = [max(p.high - p.value, 0.0) for p in group]
-            ax.errorbar(values, positions, xerr=[below, above], fmt="o", color=colour,
-                        capsize=2, markersize=5)  # fmt: skip
-        else:
-            face = "none" if hollow_without_interval else colour
-            ax.plot(values, positions, "o", color=colour, markerfacecolor=face, markersize=5,
-                    linestyle="none")  # fmt: skip
+def _has_interval(rows: pd.DataFrame) -> pd.Series:
+    return np.isfinite(rows["_low"]) & np.isfinite(rows["_high"])
 
 
 @dataclass(frozen=True)
@@ -290,8 +281,16 @@ class RowLayout:
     row_index: list[Any]
 
     @property
-    def items(self) -> list[tuple[int, Any]]:
-        return [(p, index) for p, index in enumerate(self.row_index) if index is not None]
+    def order(self) -> list[str]:
+        """The rows as seaborn's categories, top to bottom (heading rows hold no data)."""
+        return [str(position) for position in range(len(self.labels))]
+
+    def place(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """The shown rows of ``frame``, each with its position (``_y``) and category (``_row``)."""
+        placed = [(p, index) for p, index in enumerate(self.row_index) if index is not None]
+        positions = [p for p, _ in placed]
+        shown = frame.loc[[index for _, index in placed]]
+        return shown.assign(_y=positions, _row=[str(p) for p in positions])
 
 
 def _with_series(frame: pd.DataFrame) -> pd.DataFrame:
@@ -380,8 +379,9 @@ def _finite(value: Any) -> bool:
         return False
 
 
-def _number(value: Any) -> float:
-    return float(value) if _finite(value) else math.nan
+def _numbers(values: pd.Series) -> pd.Series:
+    """The values as floats; text and blanks as NaN."""
+    return pd.to_numeric(values, errors="coerce").astype("float64")
 
 
 def _count(value: Any) -> str:

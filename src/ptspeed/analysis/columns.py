@@ -1,0 +1,266 @@
+"""The layout of the aggregated tables: their columns, their types, and reading them back.
+
+Owns the column lists of the four tables (:data:`RUNS_COLUMNS`, :data:`STEPS_COLUMNS`,
+:data:`SUMMARY_COLUMNS`, :data:`SPEEDUP_COLUMNS`) and the keys that name a cell
+(:data:`CELL_KEYS`, the sizes among them :data:`ptspeed.plan.layout.SIZE_KEYS`); the statuses a
+runs row can have beyond a record's own
+(``stale``, ``missing``, ``unreadable``); the confidence and significance levels the tables'
+intervals and tests are computed at; the conversions that give the runs and steps frames their
+column types (:func:`typed_runs`, :func:`typed_steps`); and :func:`read_table`, which reads a
+table's CSV back with those types. Pure but for :func:`read_table`; no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ptspeed.analysis.late_numerics import LATE_COLUMNS
+from ptspeed.analysis.staleness import STALE
+from ptspeed.cell.record import STATUSES, CellSpec, Metrics
+from ptspeed.plan.layout import SIZE_KEYS
+
+UNREADABLE = "unreadable"
+MISSING = "missing"
+ALL_STATUSES = (*STATUSES, STALE, MISSING, UNREADABLE)
+MISSING_REASON = "no record (the cell did not run or its record was removed)"
+
+CELL_FIELDS = [f.name for f in dataclasses.fields(CellSpec)]
+# Per-step and per-rank lists stay in the records (steps.csv holds the step times).
+LIST_METRICS = ("step_times_s", "rank_measured_wall_s")
+# Metrics the harness is adding (issue 11), read from the records that carry them before
+# record.Metrics names them; their type decides the column's. Harmless once it does.
+_NEW_METRICS = {"compiler_cache": "str"}
+_METRIC_TYPES = {
+    **{f.name: f.type for f in dataclasses.fields(Metrics) if f.name not in LIST_METRICS},
+    **{name: kind for name, kind in _NEW_METRICS.items() if name not in Metrics.__annotations__},
+}
+METRIC_COLUMNS = list(_METRIC_TYPES)
+# A cell field named like a metric (compiler_cache: the cache directory the cell was given,
+# beside the metric saying whether it was cold or warm) is prefixed with cell_ in the tables.
+CELL_COLUMNS = [f"cell_{name}" if name in _METRIC_TYPES else name for name in CELL_FIELDS]
+NUMERICS_FIELDS = ("passed", "max_relative_error", "tolerance", "precision")
+NUMERICS_COLUMNS = [f"numerics_{name}" for name in NUMERICS_FIELDS]
+PACKAGE_COLUMNS = ["torchvision", "transformers"]
+PROVENANCE_COLUMNS = [
+    "torch",
+    "cuda",
+    "cudnn",
+    "device_name",
+    "device_index",
+    "gpu_driver",
+    "cpu_model",
+    "cpu_count",
+    "torch_threads",
+    "python",
+    *PACKAGE_COLUMNS,
+    "git_commit",
+    "container_image",
+    "container_digest",
+    "cuda_visible_devices",
+    "gpu_assignment",
+    "hostname",
+    # TF32 and cudnn.benchmark as the cell ran with them (absent from older records).
+    "tf32_matmul",
+    "tf32_cudnn",
+    "cudnn_benchmark",
+    "float32_matmul_precision",
+]
+RUNS_COLUMNS = [
+    "record_path",
+    *CELL_COLUMNS,
+    "status",
+    "reason",
+    *METRIC_COLUMNS,
+    *NUMERICS_COLUMNS,
+    *LATE_COLUMNS,
+    *PROVENANCE_COLUMNS,
+    "started_at",
+    "duration_s",
+]
+
+CELL_KEYS = ["env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
+STEPS_COLUMNS = [*CELL_KEYS, "trial", "step", "step_time_s"]
+SUMMARY_COLUMNS = [
+    *CELL_KEYS,
+    "trials",
+    "ok_trials",
+    "statuses",
+    "median_samples_per_s",
+    "median_low",
+    "median_high",
+    "median_confidence",
+    "min_samples_per_s",
+    "max_samples_per_s",
+    "cv",
+    "noisy",
+    "noisy_reason",
+    "median_first_step_s",
+    "compile_time_s",
+    "compile_time_cold_s",
+    "compile_time_warm_s",
+    "median_peak_memory_bytes",
+    "memory_kind",
+    "reasons",
+    "retried_from_batch_size",
+]
+# Each column of the speedups table and whether it holds text (the rest are numbers).
+_SPEEDUP_COLUMN_IS_TEXT = {
+    "comparison": True,
+    "title": True,
+    "model": True,
+    "mode": True,
+    **dict.fromkeys(SIZE_KEYS, False),
+    "baseline_env": True,
+    "baseline_variant": True,
+    "candidate_env": True,
+    "candidate_variant": True,
+    "baseline_samples_per_s": False,
+    "candidate_samples_per_s": False,
+    "baseline_trials": False,
+    "candidate_trials": False,
+    "baseline_statuses": True,
+    "candidate_statuses": True,
+    "speedup": False,
+    "speedup_low": False,
+    "speedup_high": False,
+    "speedup_confidence": False,
+    "p_value": False,
+    "significant": False,
+    "claim": True,
+    "published_speedup": False,
+    "published_baseline": False,
+    "published_candidate": False,
+    "claim_device": True,
+    "claim_precision": True,
+    "measured_device": True,
+    "measured_precision": True,
+    "verdict": True,
+    "verdict_reason": True,
+}
+SPEEDUP_COLUMNS = list(_SPEEDUP_COLUMN_IS_TEXT)
+
+# The confidence of the tables' intervals and the significance level of their tests.
+CONFIDENCE = 0.95
+ALPHA = 0.05
+
+_INT_COLUMNS = [
+    "batch_size",
+    "image_size",
+    "seq_len",
+    "trial",
+    "seed",
+    "warmup_steps",
+    "measured_steps",
+    "numerics_steps",
+    "threads",
+    "retried_from_batch_size",
+    "peak_memory_bytes",
+    "device_index",
+    "cpu_count",
+    "torch_threads",
+    "world_size",
+    "batch_size_per_process",
+]
+_TEXT_METRICS = [name for name, kind in _METRIC_TYPES.items() if kind == "str"]
+_FLOAT_COLUMNS = [
+    "timeout_s",
+    *(c for c in METRIC_COLUMNS if c not in (*_INT_COLUMNS, *_TEXT_METRICS)),
+    "numerics_max_relative_error",
+    "numerics_tolerance",
+    *LATE_COLUMNS[:-1],
+    "duration_s",
+]
+_TEXT_COLUMNS = [
+    c for c in RUNS_COLUMNS if c not in (*_INT_COLUMNS, *_FLOAT_COLUMNS, "numerics_passed")
+]
+
+SUMMARY_TEXT_COLUMNS = [
+    "env",
+    "model",
+    "variant",
+    "mode",
+    "statuses",
+    "noisy_reason",
+    "memory_kind",
+    "reasons",
+    "retried_from_batch_size",
+]
+SPEEDUP_TEXT_COLUMNS = [c for c, is_text in _SPEEDUP_COLUMN_IS_TEXT.items() if is_text]
+TEXT_COLUMNS = sorted({*_TEXT_COLUMNS, *SUMMARY_TEXT_COLUMNS, *SPEEDUP_TEXT_COLUMNS})
+
+
+def typed_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs frame with each column of its type: integers, floats, booleans, text."""
+    # Records are checked for shape, not for value types: coerce so that one odd value
+    # becomes NaN (or text) in its cell instead of breaking every median or sort.
+    runs = runs.copy()
+    for column in _INT_COLUMNS:
+        runs[column] = _as_int(runs[column])
+    for column in _FLOAT_COLUMNS:
+        runs[column] = _as_float_column(runs[column])
+    runs["numerics_passed"] = _as_boolean(runs["numerics_passed"])
+    for column in _TEXT_COLUMNS:
+        runs[column] = _as_text(runs[column])
+    return runs
+
+
+def typed_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps frame with each column of its type."""
+    steps = steps.copy()
+    for column in ("env", "model", "variant", "mode"):
+        steps[column] = _as_text(steps[column])
+    for column in (*SIZE_KEYS, "trial", "step"):
+        steps[column] = _as_int(steps[column])
+    steps["step_time_s"] = _as_float_column(steps["step_time_s"])
+    return steps
+
+
+def _as_int(values: pd.Series) -> pd.Series:
+    numbers = _as_float_column(values).astype("Float64")
+    return numbers.round().astype("Int64")
+
+
+def _as_float_column(values: pd.Series) -> pd.Series:
+    if pd.api.types.infer_dtype(values, skipna=True) not in _NUMERIC_KINDS:
+        # A list or a dict where a number belongs is odd input, not a reason to fail.
+        values = values.map(lambda v: v if isinstance(v, (int, float, str)) else None)
+    numbers = pd.to_numeric(values, errors="coerce").astype(float)
+    return numbers.where(np.isfinite(numbers))
+
+
+# Per-value conversions cost seconds on 10,000 records: columns of the expected kind skip them.
+_NUMERIC_KINDS = ("floating", "integer", "mixed-integer-float", "empty")
+
+
+def _as_boolean(values: pd.Series) -> pd.Series:
+    if pd.api.types.infer_dtype(values, skipna=True) not in ("boolean", "empty"):
+        values = values.map(_bool_or_na)
+    return values.astype("boolean")
+
+
+def _as_text(values: pd.Series) -> pd.Series:
+    if pd.api.types.infer_dtype(values, skipna=True) in ("string", "empty"):
+        return values
+    return values.map(_text_or_na)
+
+
+def _bool_or_na(value: Any) -> Any:
+    return value if isinstance(value, bool) else pd.NA
+
+
+def _text_or_na(value: Any) -> Any:
+    is_nan = isinstance(value, float) and math.isnan(value)
+    return value if isinstance(value, str) or value is None or is_nan else str(value)
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """Read a CSV written by this module: empty fields are NaN, and text columns stay text
+    (a CUDA version '11.7' or a commit '1234567' must not turn into a number)."""
+    text_columns = {column: str for column in TEXT_COLUMNS}
+    return pd.read_csv(path, dtype=text_columns, keep_default_na=False, na_values=[""])

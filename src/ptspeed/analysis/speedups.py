@@ -1,0 +1,289 @@
+"""The speedups table: the configured comparisons, each with its speedup, interval and p-value.
+
+Owns :func:`speedups` (one row per comparison, model and mode, plus a row for each model a
+comparison's claim names that the matrix does not run), the check that a config has what it
+reads (:func:`check_speedup_config`), the choice of the size both sides are
+compared at, the speedup of the ``ok`` trials with its exact interval
+(:func:`ptspeed.analysis.ranks.speedup`), and where each side was measured. Claims and verdicts
+are :mod:`ptspeed.analysis.claims`. Pure; no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ptspeed.analysis import ranks
+from ptspeed.analysis.claims import NOT_MEASURED, published_figures, verdict
+from ptspeed.analysis.columns import ALPHA, CONFIDENCE, SIZE_KEYS, SPEEDUP_COLUMNS
+from ptspeed.analysis.late_numerics import precision_of
+from ptspeed.errors import ConfigError
+from ptspeed.plan.layout import configured_sizes
+
+
+@dataclass
+class _Side:
+    """The ok trials of one cell, as a speedup reads them."""
+
+    rates: list[float] = field(default_factory=list)
+    devices: dict[str, None] = field(default_factory=dict)
+    precisions: dict[str, None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Index:
+    """Summary rows by (env, variant, model, mode), ok trials by that and the sizes."""
+
+    cells: Mapping[tuple[Any, ...], list[dict[str, Any]]]
+    sides: Mapping[tuple[Any, ...], _Side] | None
+
+
+def speedups(
+    summary: pd.DataFrame,
+    config: Mapping[str, Any],
+    claims: Mapping[str, Any] | None = None,
+    runs: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per comparison x model x mode (configuration order), columns :data:`SPEEDUP_COLUMNS`,
+    then, per comparison, one row for each model its claim names that the matrix lacks.
+
+    ``speedup`` is the Hodges–Lehmann ratio of the ok trials (the median of the pairwise
+    candidate / baseline throughput ratios, :func:`ptspeed.analysis.ranks.speedup`); without
+    ``runs`` it is the ratio of the summary's medians; NaN when either side has no ok trial.
+    Published figures come from ``claims`` (the parsed ``claims.yaml``) through the comparison's
+    ``claim`` key. Where the summary holds several sizes of one cell, the size set in
+    the configuration for ``config['device']`` is used, else the largest batch both sides share.
+    With ``runs`` (the per-trial records), each speedup gets its exact interval
+    (``speedup_low``, ``speedup_high``), the confidence that interval achieves at the trials'
+    n (``speedup_confidence``: below 0.95 where too few trials reach 0.95) and a Mann-Whitney
+    p-value, and claims get a verdict.
+    """
+    check_speedup_config(config)
+    claims = claims or {}
+    index = _Index(_summary_index(summary), _side_index(runs) if runs is not None else None)
+    rows = []
+    for name, comparison in config["comparisons"].items():
+        for model in config["models"]:
+            for mode in config["modes"]:
+                rows.append(_speedup_row(index, config, claims, name, comparison, model, mode))
+        rows.extend(_unmatrixed_claim_rows(config, claims, name, comparison))
+    return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
+
+
+def check_speedup_config(config: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` unless ``config`` has what :func:`speedups` reads."""
+    shapes = {"comparisons": Mapping, "models": (Mapping, list), "modes": list}
+    for key, shape in shapes.items():
+        if not isinstance(config.get(key), shape):
+            raise ConfigError(f"config: '{key}' is missing or not a {_shape_name(shape)}")
+    for name, comparison in config["comparisons"].items():
+        for side in ("baseline", "candidate"):
+            spec = comparison.get(side) if isinstance(comparison, Mapping) else None
+            if not isinstance(spec, Mapping) or not {"env", "variant"} <= spec.keys():
+                raise ConfigError(f"config: comparison '{name}': '{side}' needs env and variant")
+
+
+def _shape_name(shape: type | tuple[type, ...]) -> str:
+    kinds = shape if isinstance(shape, tuple) else (shape,)
+    return " or ".join("mapping" if kind is Mapping else kind.__name__ for kind in kinds)
+
+
+def _summary_index(summary: pd.DataFrame) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    index: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in summary.to_dict("records"):
+        key = (row["env"], row["variant"], row["model"], row["mode"])
+        index.setdefault(key, []).append(row)
+    return index
+
+
+def _side_index(runs: pd.DataFrame) -> dict[tuple[Any, ...], _Side]:
+    ok = runs[runs["status"] == "ok"]
+    names = ["env", "variant", "model", "mode", *SIZE_KEYS, "throughput_samples_per_s"]
+    names += ["knobs", "device_name", "device_index", "numerics_precision"]
+    index: dict[tuple[Any, ...], _Side] = {}
+    for row in ok[names].itertuples(index=False, name=None):
+        env, variant, model, mode, *sizes = row[:7]
+        rate, knobs, device_name, device_index, precision = row[7:]
+        if any(pd.isna(v) for v in sizes) or not (rate > 0 and math.isfinite(rate)):
+            continue
+        side = index.setdefault((env, variant, model, mode, *map(int, sizes)), _Side())
+        side.rates.append(float(rate))
+        device_class = "cpu" if pd.isna(device_index) else "cuda"
+        side.devices[_device_label(device_name, device_class)] = None
+        side.precisions[precision_of(precision, knobs, device_class)] = None
+    return index
+
+
+def _device_label(device_name: Any, device_class: str) -> str:
+    return f"{device_name} ({device_class})" if isinstance(device_name, str) else device_class
+
+
+def _speedup_row(
+    index: _Index,
+    config: Mapping[str, Any],
+    claims: Mapping[str, Any],
+    name: str,
+    comparison: Mapping[str, Any],
+    model: str,
+    mode: str,
+) -> dict[str, Any]:
+    base_spec, cand_spec = comparison["baseline"], comparison["candidate"]
+    base_rows = index.cells.get((base_spec["env"], base_spec["variant"], model, mode), [])
+    cand_rows = index.cells.get((cand_spec["env"], cand_spec["variant"], model, mode), [])
+    configured = configured_sizes(config, model, config.get("device")) or {}
+    size = _chosen_size(base_rows, cand_rows, configured)
+    base, cand = _at_size(base_rows, size), _at_size(cand_rows, size)
+    row = {
+        **_comparison_fields(name, comparison, claims, model),
+        "mode": mode,
+        **dict(zip(SIZE_KEYS, size or (pd.NA,) * len(SIZE_KEYS), strict=True)),
+        **_side("baseline", base),
+        **_side("candidate", cand),
+    }
+    row["speedup"] = _ratio(row["candidate_samples_per_s"], row["baseline_samples_per_s"])
+    sides = _trial_sides(index, base_spec, cand_spec, model, mode, size)
+    row.update(_interval(*sides, row["speedup"]))
+    row.update(_measured_on(*sides))
+    row["verdict"], row["verdict_reason"] = verdict(row, claims, config.get("device", ""))
+    return row
+
+
+def _comparison_fields(
+    name: str, comparison: Mapping[str, Any], claims: Mapping[str, Any], model: str
+) -> dict[str, Any]:
+    group = comparison.get("claim") or ""
+    group_claims = claims.get(group) if isinstance(claims.get(group), Mapping) else {}
+    return {
+        "comparison": name,
+        "title": comparison.get("title", name),
+        "model": model,
+        "baseline_env": comparison["baseline"]["env"],
+        "baseline_variant": comparison["baseline"]["variant"],
+        "candidate_env": comparison["candidate"]["env"],
+        "candidate_variant": comparison["candidate"]["variant"],
+        "claim": group,
+        **published_figures(claims, group, model),
+        "claim_device": str(group_claims.get("device") or ""),
+        "claim_precision": str(group_claims.get("precision") or ""),
+    }
+
+
+def _unmatrixed_claim_rows(
+    config: Mapping[str, Any], claims: Mapping[str, Any], name: str, comparison: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Rows for the models a comparison's claim names but the matrix does not run."""
+    group = comparison.get("claim")
+    group_claims = claims.get(group) if group else None
+    claimed = group_claims.get("models") if isinstance(group_claims, Mapping) else None
+    if not isinstance(claimed, Mapping):
+        return []
+    rows = []
+    for model in claimed:
+        if model in config["models"]:
+            continue
+        row = {
+            **_comparison_fields(name, comparison, claims, model),
+            "mode": "",
+            **dict.fromkeys(SIZE_KEYS, pd.NA),
+            **_side("baseline", None),
+            **_side("candidate", None),
+            **_interval(None, None, math.nan),
+            **_measured_on(None, None),
+            "verdict": NOT_MEASURED,
+            "verdict_reason": f"{model} is not in the benchmark matrix (config models)",
+        }
+        rows.append(row)
+    return rows
+
+
+def _trial_sides(
+    index: _Index,
+    base_spec: Mapping[str, Any],
+    cand_spec: Mapping[str, Any],
+    model: str,
+    mode: str,
+    size: tuple[int, ...] | None,
+) -> tuple[_Side | None, _Side | None]:
+    if index.sides is None or size is None:
+        return None, None
+    base = index.sides.get((base_spec["env"], base_spec["variant"], model, mode, *size))
+    cand = index.sides.get((cand_spec["env"], cand_spec["variant"], model, mode, *size))
+    return base, cand
+
+
+def _interval(base: _Side | None, cand: _Side | None, medians_ratio: float) -> dict[str, Any]:
+    """The speedup of the ok trials with its interval; without trials, the ratio of medians."""
+    if base is None or cand is None:
+        return {
+            "speedup": medians_ratio,
+            "speedup_low": math.nan,
+            "speedup_high": math.nan,
+            "speedup_confidence": math.nan,
+            "p_value": math.nan,
+            "significant": False,
+        }
+    return ranks.speedup(base.rates, cand.rates, CONFIDENCE, ALPHA).columns("speedup")
+
+
+def _measured_on(base: _Side | None, cand: _Side | None) -> dict[str, str]:
+    sides = [side for side in (base, cand) if side is not None]
+    devices = dict.fromkeys(d for side in sides for d in side.devices)
+    precisions = [" / ".join(side.precisions) for side in sides]
+    same = len(set(precisions)) == 1
+    return {
+        "measured_device": ", ".join(devices),
+        "measured_precision": precisions[0] if same else " → ".join(precisions),
+    }
+
+
+def _size_of(row: Mapping[str, Any]) -> tuple[int, ...] | None:
+    values = [row[key] for key in SIZE_KEYS]
+    return None if any(pd.isna(v) for v in values) else tuple(int(v) for v in values)
+
+
+def _sizes_of(rows: Sequence[Mapping[str, Any]]) -> set[tuple[int, ...]]:
+    sizes = (_size_of(row) for row in rows)
+    return {size for size in sizes if size is not None}
+
+
+def _chosen_size(
+    base: Sequence[Mapping[str, Any]],
+    cand: Sequence[Mapping[str, Any]],
+    configured: Mapping[str, Any],
+) -> tuple[int, ...] | None:
+    options = (_sizes_of(base) & _sizes_of(cand)) or (_sizes_of(base) | _sizes_of(cand))
+    wanted = [
+        size
+        for size in options
+        if all(size[i] == configured[k] for i, k in enumerate(SIZE_KEYS) if k in configured)
+    ]
+    candidates = wanted if configured and wanted else options
+    return max(candidates) if candidates else None
+
+
+def _at_size(
+    rows: Sequence[Mapping[str, Any]], size: tuple[int, ...] | None
+) -> Mapping[str, Any] | None:
+    matches = [row for row in rows if size and _size_of(row) == size]
+    return matches[0] if matches else None
+
+
+def _side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
+    ok_trials = int(row["ok_trials"]) if row is not None else 0
+    median = float(row["median_samples_per_s"]) if row is not None and ok_trials else math.nan
+    statuses = row["statuses"] if row is not None and isinstance(row["statuses"], str) else ""
+    return {
+        f"{prefix}_samples_per_s": median,
+        f"{prefix}_trials": ok_trials,
+        f"{prefix}_statuses": statuses,
+    }
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    if math.isnan(numerator) or math.isnan(denominator) or denominator == 0:
+        return math.nan
+    return numerator / denominator

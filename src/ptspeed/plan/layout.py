@@ -1,0 +1,142 @@
+"""Where a cell's record lives, and how the path writes the cell's sizes.
+
+A cell is ``<env>/<model>/<variant>/<mode>/<size>/trial<N>``, and its record is
+``records/<cell>.json`` under the results directory. The size is a label,
+``b<batch_size>[-i<image_size>][-s<seq_len>]``: the batch size and those sizes the model uses,
+so that a size the model ignores never splits its cells. A size the label leaves out is at its
+default, which the cell takes when none is given.
+
+The matrix writes paths, the aggregation and the staleness check read them back, and the
+workflow takes its output patterns and wildcard constraints from here. Light to import (the
+standard library and the cell side's constants): the Snakefile imports it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+from ptspeed.cell.checks import MODES
+from ptspeed.models import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
+
+DEVICE_CLASSES = ("cpu", "cuda")
+DEFAULT_SIZES = {"image_size": DEFAULT_IMAGE_SIZE, "seq_len": DEFAULT_SEQ_LEN}
+SIZE_KEYS = ("batch_size", *DEFAULT_SIZES)
+SIZE_LETTERS = {"batch_size": "b", "image_size": "i", "seq_len": "s"}
+
+# A name of an environment, model or variant: the config schema's $defs/name.
+NAME = r"[a-z0-9][a-z0-9._-]*"
+# A whole number as Python writes it: no sign, no leading zeros.
+NUMBER = r"(?:0|[1-9][0-9]*)"
+RECORDS = "records"
+PLACE_PATTERN = "{env}/{model}/{variant}/{mode}/{size}"
+CELL_PATTERN = f"{PLACE_PATTERN}/trial{{trial}}"
+RECORD_PATTERN = f"{RECORDS}/{CELL_PATTERN}.json"
+
+
+def _size_regex(named: bool) -> str:
+    def number(key: str) -> str:
+        return f"(?P<{key}>{NUMBER})" if named else NUMBER
+
+    optional = "".join(f"(?:-{SIZE_LETTERS[key]}{number(key)})?" for key in DEFAULT_SIZES)
+    return f"{SIZE_LETTERS['batch_size']}{number('batch_size')}{optional}"
+
+
+SIZE_LABEL = _size_regex(named=False)
+_SIZE_LABEL = re.compile(_size_regex(named=True))
+_TRIAL_FILE = re.compile(rf"trial({NUMBER})\.json")
+
+
+@dataclass(frozen=True)
+class Cell:
+    env: str
+    model: str
+    variant: str
+    mode: str
+    size: str
+    trial: int
+
+    @property
+    def key(self) -> str:
+        """The cell without its trial: ``env/model/variant/mode/size``."""
+        return PLACE_PATTERN.format(**vars(self))
+
+    @property
+    def path(self) -> str:
+        """The record's path under the results directory."""
+        return RECORD_PATTERN.format(**vars(self))
+
+    @classmethod
+    def from_wildcards(cls, wildcards: Mapping[str, str]) -> Cell:
+        """The cell of a job of the workflow's rule cell."""
+        place = {key: wildcards[key] for key in ("env", "model", "variant", "mode", "size")}
+        return cls(**place, trial=int(wildcards["trial"]))
+
+    @classmethod
+    def from_path(cls, path: str | PurePath) -> Cell | None:
+        """The cell a record path names (``.../records/<cell>.json``), else None."""
+        parts = PurePath(path).parts
+        if len(parts) < 7 or parts[-7] != RECORDS:
+            return None
+        env, model, variant, mode, size, name = parts[-6:]
+        trial = _TRIAL_FILE.fullmatch(name)
+        if trial is None or parse_size_label(size) is None:
+            return None
+        return cls(env, model, variant, mode, size, int(trial[1]))
+
+
+def cell_from_path(path: str | PurePath) -> dict[str, Any]:
+    """The cell a record path names, as CellSpec fields (every size included), else ``{}``."""
+    cell = Cell.from_path(path)
+    if cell is None:
+        return {}
+    place = {key: getattr(cell, key) for key in ("env", "model", "variant", "mode", "trial")}
+    return {**place, **(parse_size_label(cell.size) or {})}
+
+
+def size_label(sizes: Mapping[str, Any], used: Collection[str] = SIZE_KEYS) -> str:
+    """``b8-i96``: the batch size and those of the other sizes in ``used``."""
+    keys = [key for key in SIZE_KEYS if key == "batch_size" or key in used]
+    return "-".join(f"{SIZE_LETTERS[key]}{sizes[key]}" for key in keys)
+
+
+def parse_size_label(label: str) -> dict[str, int] | None:
+    """Every size a label stands for (those it leaves out at their defaults); None when
+    ``label`` is not one."""
+    match = _SIZE_LABEL.fullmatch(label)
+    if match is None:
+        return None
+    given = match.groupdict()
+    return {key: int(given[key]) if given[key] else DEFAULT_SIZES[key] for key in SIZE_KEYS}
+
+
+def configured_sizes(
+    config: Mapping[str, Any], model: Any, device_class: Any
+) -> dict[str, Any] | None:
+    """The sizes ``config`` sets for ``model`` on ``device_class``, those it leaves out at
+    their defaults; None when it sets none. A model's sizes are a table per device class, or
+    one table for all."""
+    models = config.get("models")
+    entry = models.get(model) if isinstance(models, Mapping) else None
+    if isinstance(entry, Mapping) and "batch_size" not in entry:
+        entry = entry.get(device_class)
+    if not isinstance(entry, Mapping) or "batch_size" not in entry:
+        return None
+    defaults = {key: entry.get(key, default) for key, default in DEFAULT_SIZES.items()}
+    return {"batch_size": entry["batch_size"], **defaults}
+
+
+def wildcard_constraints(environments: Iterable[str]) -> dict[str, str]:
+    """The regular expressions of the workflow's wildcards: each matches exactly what the
+    paths above are made of (``environments``: the configured names)."""
+    return {
+        "env": "|".join(map(re.escape, environments)),
+        "model": NAME,
+        "variant": NAME,
+        "mode": "|".join(MODES),
+        "size": SIZE_LABEL,
+        "trial": NUMBER,
+    }

@@ -1,0 +1,233 @@
+"""The report's sections on what ran and how: the environments as their records report them,
+and the method (steps, trials, intervals, tests, tolerances, backend settings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from ptspeed.analysis import late_numerics, ranks, stats
+from ptspeed.analysis.columns import ALPHA, CONFIDENCE
+from ptspeed.cell.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
+from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank
+from ptspeed.render.page import Block, ReportInputs, Section
+from ptspeed.render.tables import Column, Row, Table, given
+
+# The first column of the environments and method tables: what each row gives.
+SETTING = Column("", given("name"))
+METHOD_TABLE = [SETTING, Column("setting", given("value"), wrap=True)]
+
+BACKEND_SETTINGS = {
+    "TF32 matmul": "tf32_matmul",
+    "TF32 cuDNN": "tf32_cudnn",
+    "cudnn.benchmark": "cudnn_benchmark",
+    "float32 matmul precision": "float32_matmul_precision",
+}
+
+
+ENVIRONMENT_FIELDS = {
+    "torch": "torch",
+    "torchvision": "torchvision",
+    "transformers": "transformers",
+    "CUDA": "cuda",
+    "cuDNN": "cudnn",
+    "GPU": "gpu",
+    **BACKEND_SETTINGS,
+    "driver": "gpu_driver",
+    "CPU": "cpu_model",
+    "logical CPUs": "cpu_count",
+    "threads": "torch_threads",
+    "Python": "python",
+    "container": "container_image",
+    "container digest": "container_digest",
+    "git commit": "git_commit",
+    "host": "hostname",
+}
+
+
+def environments_section(inputs: ReportInputs) -> Section:
+    runs = inputs.runs
+    recorded = runs[~runs["status"].isin(["missing", "unreadable"]) & runs["env"].notna()]
+    recorded = recorded.assign(gpu=recorded["device_name"].where(recorded["device_index"].notna()))
+    groups = {env: recorded[recorded["env"] == env] for env in sorted(recorded["env"].unique())}
+    rows = _environment_rows(recorded.columns, groups, inputs.config.get("environments") or {})
+    columns = [SETTING, *(Column(env, _of_env(env), wrap=True) for env in groups)]
+    records = [{"name": name, "by_env": values} for name, values in rows.items()]
+    return Section(
+        id="environments",
+        title="Environments",
+        intro=(
+            "What each environment really was, as its records report it (several values: the "
+            "records disagree). GPU is blank for runs on the CPU. TF32 and cudnn.benchmark, "
+            "where the records state them, are the settings each column ran with."
+        ),
+        blocks=[Block(table=Table.of(columns, records if groups else []))],
+    )
+
+
+def _environment_rows(
+    recorded: pd.Index, groups: Mapping[str, pd.DataFrame], configured: Mapping[str, Any]
+) -> dict[str, dict[str, str]]:
+    """Each row's label and its value per environment (the records' distinct values)."""
+    fields = {
+        label: {env: _distinct(group[column]) for env, group in groups.items()}
+        for label, column in ENVIRONMENT_FIELDS.items()
+        if column in recorded
+    }
+    return {
+        "kind": {env: format_text((configured.get(env) or {}).get("kind")) for env in groups},
+        "records": {env: str(len(group)) for env, group in groups.items()},
+        # Backend settings only where some record states them (older records lack them).
+        **{
+            label: values
+            for label, values in fields.items()
+            if label not in BACKEND_SETTINGS or set(values.values()) != {BLANK}
+        },
+    }
+
+
+def _of_env(env: str) -> Callable[[Row], str]:
+    return lambda row: row["by_env"][env]
+
+
+def _distinct(values: pd.Series) -> str:
+    texts = [format_int(v) if isinstance(v, float) else str(v) for v in values if not is_blank(v)]
+    return ", ".join(dict.fromkeys(texts)) or BLANK
+
+
+def method_section(inputs: ReportInputs) -> Section:
+    config = inputs.config
+    steps = config.get("steps") if isinstance(config.get("steps"), Mapping) else {}
+    tolerances = ", ".join(f"{name} {value:.0%}" for name, value in TOLERANCES.items())
+    pairs = [
+        ["device class", format_text(config.get("device"))],
+        ["trials per cell", f"{format_text(config.get('trials'))}, each its own process"],
+        ["warm-up steps", f"{format_text(steps.get('warmup'))} (the first holds compilation)"],
+        ["measured steps", format_text(steps.get("measured"))],
+        ["numerics steps", f"{format_text(steps.get('numerics'))} leading steps checked"],
+        ["cell timeout", f"{format_text(config.get('timeout_s'))} s"],
+        ["throughput", "batch size × measured steps / their wall time, one value per trial"],
+        [
+            "median interval",
+            f"distribution-free order-statistic (binomial) interval of the median, "
+            f"{CONFIDENCE:.0%} requested; with 5 trials or fewer it is the range, shown with "
+            "its actual coverage",
+        ],
+        [
+            "speedup",
+            "Hodges–Lehmann shift of log throughput (candidate − baseline), exponentiated: the "
+            "median of the candidate / baseline ratios of all trial pairs",
+        ],
+        ["speedup interval", _speedup_interval_method(config)],
+        ["significance", _significance_method(config)],
+        [
+            "noisy",
+            f"cv > {stats.NOISE_CV:.0%} or median interval half-width > "
+            f"{stats.NOISE_RELATIVE_HALF_WIDTH:.0%} of the median",
+        ],
+        [
+            "verdict",
+            "consistent with the claim: the published speedup lies in the interval; below / "
+            "above the claim: the interval lies above / below it; not measured: the reason",
+        ],
+        [
+            "numerics tolerance",
+            "loss, gradients and update (train) or output (infer) of the first steps after the "
+            "knob's one-off work, each against an eager fp64 step from the same snapshot "
+            f"(relative error): tolerances {tolerances}; allowed = max(tolerance, "
+            f"{EAGER_ERROR_MULTIPLIER:g} × eager's own error at that precision, 3 × how far eager "
+            "moves when its weights move by one fp32 rounding unit and, for compiled and "
+            "graph-captured variants, its dropout masks change)",
+        ],
+        ["late numerics check", _late_check_method()],
+        ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
+    ]
+    rows = [{"name": name, "value": value} for name, value in pairs]
+    return Section(
+        id="method",
+        title="Method",
+        intro="How the numbers above were made.",
+        blocks=[Block(table=Table.of(METHOD_TABLE, rows))],
+    )
+
+
+def _configured_trials(config: Mapping[str, Any]) -> int | None:
+    trials = config.get("trials")
+    return trials if isinstance(trials, int) and not isinstance(trials, bool) and trials else None
+
+
+def _speedup_interval_method(config: Mapping[str, Any]) -> str:
+    needed = ranks.trials_for_confidence(CONFIDENCE)
+    text = (
+        "exact distribution-free (Moses) interval of that shift, the inversion of the "
+        "Mann–Whitney test: from the k-th smallest to the k-th largest pairwise ratio, k the "
+        f"largest rank whose exact coverage 1 − 2 P(U ≤ k − 1) reaches {CONFIDENCE:.0%}; "
+        f"{needed} ok trials a side reach {CONFIDENCE:.0%}; with fewer the widest interval (all "
+        "pairs) is shown with the confidence it has. Exact when both sides' noise has one shape "
+        "(a shift of log throughput); it covers somewhat less where their spreads differ widely"
+    )
+    trials = _configured_trials(config)
+    if trials is None or trials < 2:
+        return text
+    _, achieved = ranks.shift_interval_rank(trials, trials, CONFIDENCE)
+    return text + f"; this run's {trials} trials a side give {achieved:.1%}"
+
+
+def _significance_method(config: Mapping[str, Any]) -> str:
+    text = (
+        "two-sided Mann–Whitney U test (exact; the normal approximation with tie correction "
+        f"where trials tie); significant when p < {ALPHA:g} and the interval excludes 1"
+    )
+    trials = _configured_trials(config)
+    if trials is None:
+        return text
+    floor = ranks.smallest_p_value(trials, trials)
+    text += (
+        f"; with {trials} trials a side p cannot fall below 2 / C({2 * trials}, {trials}) "
+        f"= {floor:.2g}"
+    )
+    return text + (", so no difference can be significant" if floor >= ALPHA else "")
+
+
+def _late_check_method() -> str:
+    bounds = late_numerics.LATE_TOLERANCES.items()
+    tolerances = ", ".join(f"{name} {value:.1%}" for name, value in bounds)
+    chaotic = ", ".join(
+        f"{model} on {device} {value:.0%}"
+        for (model, device), value in late_numerics.LATE_MODEL_ALLOWANCES.items()
+    )
+    return (
+        "each train-mode variant's last loss against the same environment's eager cell "
+        "(same model, sizes and seed: the same seeded trajectory); relative error allowed: the "
+        f"largest of the precision's bound ({tolerances}), the model's where its training is "
+        f"too chaotic for it ({chaotic}: only gross errors are caught there) and "
+        f"{late_numerics.EAGER_SPREAD_MULTIPLIER:g} × the eager trials' own spread; a non-finite "
+        "last loss always fails; a failing trial becomes numerics_mismatch and leaves the "
+        "statistics"
+    )
+
+
+def _backend_settings(runs: pd.DataFrame) -> str:
+    """What each environment's records say it ran with, e.g. ``"torch-2.0: TF32 matmul
+    False, …"``; these settings are what each column's numbers were made with."""
+    present = [c for c in BACKEND_SETTINGS.values() if c in runs.columns]
+    recorded = runs[runs["env"].notna()]
+    parts = []
+    for env in sorted(recorded["env"].unique()):
+        group = recorded[recorded["env"] == env]
+        settings = [
+            f"{label} {_distinct(group[column])}"
+            for label, column in BACKEND_SETTINGS.items()
+            if column in present and _distinct(group[column]) != BLANK
+        ]
+        if settings:
+            parts.append(f"{env}: " + ", ".join(settings))
+    if not parts:
+        return "not recorded by these records (older cells); see each column's torch defaults"
+    return (
+        "each column ran with the settings its records state (also in Environments): "
+        + "; ".join(parts)
+    )

@@ -1,0 +1,236 @@
+"""The report's sections of results: the seed table, the claims, every cell, step times, memory
+and compilation, failures and noisy cells; and :data:`SECTION_BUILDERS`, the page's order.
+
+Each builder takes the :class:`~ptspeed.render.page.ReportInputs` and returns a
+:class:`~ptspeed.render.page.Section`; its tables are built from the column lists of
+:mod:`ptspeed.render.tables`. To grow the report, write such a function and add it to
+:data:`SECTION_BUILDERS`. The sections on what ran and how are in :mod:`ptspeed.render.method`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pandas as pd
+
+from ptspeed.analysis import stats
+from ptspeed.analysis.summary import status_counts
+from ptspeed.render.figures import (
+    FIRST_STEP,
+    PEAK_MEMORY,
+    THROUGHPUT,
+    cell_dots,
+    forest_plot,
+    step_time_boxes,
+)
+from ptspeed.render.formatting import BLANK, format_text, is_blank, is_true
+from ptspeed.render.method import environments_section, method_section
+from ptspeed.render.page import Block, ReportInputs, Section, chart_block
+from ptspeed.render.tables import (
+    CLAIMS_TABLE,
+    FAILURES_TABLE,
+    NOISY_TABLE,
+    RETRIED_TABLE,
+    SEED_TABLE,
+    SUMMARY_TABLE,
+    Table,
+)
+
+
+def seed_section(inputs: ReportInputs) -> Section:
+    frame = inputs.speedups
+    blocks = [
+        _comparison_block(frame[frame["comparison"] == name], inputs.claims)
+        for name in dict.fromkeys(frame["comparison"])
+    ]
+    return Section(
+        id="seed-table",
+        title="The seed table, measured",
+        intro=(
+            "Median throughput over the ok trials of each side (n = ok trials); speedup = the "
+            "median of the candidate / baseline ratios of all trial pairs (Hodges–Lehmann), "
+            "with its exact distribution-free interval: 95% where the trials allow it, else the "
+            "confidence it has, shown beside it (e.g. 90% with 3 trials a side). A verdict "
+            "compares the published speedup with that interval, on the device and precision "
+            "named."
+        ),
+        blocks=blocks,
+    )
+
+
+def _comparison_block(rows: pd.DataFrame, claims: Mapping[str, Any]) -> Block:
+    first = rows.iloc[0]
+    table = Table.of(SEED_TABLE, rows.to_dict("records"))
+    sides = (
+        f"baseline {first['baseline_env']}/{first['baseline_variant']} → "
+        f"candidate {first['candidate_env']}/{first['candidate_variant']}"
+    )
+    return Block(
+        table=table, heading=format_text(first["title"]), note=_claim_note(sides, first, claims)
+    )
+
+
+def _claim_note(sides: str, row: Mapping[str, Any], claims: Mapping[str, Any]) -> str:
+    group = row["claim"]
+    if is_blank(group):
+        return f"{sides}. No published claim."
+    source = claims.get(group) if isinstance(claims.get(group), Mapping) else {}
+    details = ", ".join(format_text(source.get(k)) for k in ("source", "setup") if source.get(k))
+    claimed_on = [
+        f"{label} {format_text(row[column])}"
+        for label, column in (("device", "claim_device"), ("precision", "claim_precision"))
+        if not is_blank(row[column])
+    ]
+    note = f"{sides}. Published: {group}" + (f" ({details})" if details else "")
+    return note + (f"; claimed on {', '.join(claimed_on)}." if claimed_on else ".")
+
+
+def claims_section(inputs: ReportInputs) -> Section:
+    frame = inputs.speedups
+    rows = [
+        _claim_row(name, group, frame[frame["claim"] == name])
+        for name, group in inputs.claims.items()
+        if isinstance(group, Mapping)
+    ]
+    forest = chart_block(
+        lambda: forest_plot(inputs.speedups), "Speedups", "no comparison has a measured speedup"
+    )
+    return Section(
+        id="claims",
+        title="Speedups against the published claims",
+        intro=(
+            "Every measured speedup with its interval (95%, or the lower confidence too few "
+            "trials give, as the seed table states; n = ok trials of baseline/candidate); a "
+            "published claim holds on this machine when its figure falls inside the interval."
+        ),
+        blocks=[forest, Block(table=Table.of(CLAIMS_TABLE, rows), heading="Claims")],
+    )
+
+
+def _claim_row(name: str, group: Mapping[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
+    comparisons = list(dict.fromkeys(rows["comparison"]))
+    verdicts = (
+        "; ".join(
+            f"{verdict}: {count}" for verdict, count in rows["verdict"].value_counts().items()
+        )
+        if comparisons
+        else "not measured: no comparison in the configuration checks this claim"
+    )
+    shown = {key: group.get(key) for key in ("source", "device", "precision")}
+    return {"claim": name, **shown, "comparisons": comparisons, "verdicts": verdicts}
+
+
+def summary_section(inputs: ReportInputs) -> Section:
+    table = Table.of(SUMMARY_TABLE, inputs.summary.to_dict("records"))
+    throughput = chart_block(
+        lambda: cell_dots(inputs.summary, THROUGHPUT), "Throughput", "no cell has an ok trial"
+    )
+    return Section(
+        id="summary",
+        title="Every cell",
+        intro=(
+            "One row per environment, model, variant, mode and size. Statistics use the ok "
+            "trials (n): the median with its distribution-free interval (its coverage shown "
+            "where too few trials reach 95%), cv = standard deviation / mean. Compile time: the "
+            "median first step beyond the median first step of the same environment's eager "
+            "cell (cold and warm compiler caches apart where the records say which)."
+        ),
+        blocks=[throughput, Block(table=table)],
+    )
+
+
+def timing_section(inputs: ReportInputs) -> Section:
+    steps = inputs.steps
+    step_block = (
+        chart_block(lambda: step_time_boxes(steps), "Step times", "no ok trial recorded steps")
+        if steps is not None
+        else Block(heading="Step times", note="Nothing to draw: no steps table was given.")
+    )
+    kinds = ", ".join(dict.fromkeys(k for k in inputs.summary["memory_kind"] if not is_blank(k)))
+    return Section(
+        id="timing",
+        title="Step times, memory and compilation",
+        intro=(
+            "Distributions of the measured step times, and the median peak memory and first "
+            "step (compilation included) over the ok trials of each cell; numbers are in the "
+            "table above."
+        ),
+        blocks=[
+            step_block,
+            chart_block(
+                lambda: cell_dots(inputs.summary, PEAK_MEMORY),
+                "Peak memory",
+                "no ok trial measured memory",
+            ),
+            Block(note=f"Memory measured as: {kinds or BLANK}."),
+            chart_block(
+                lambda: cell_dots(inputs.summary, FIRST_STEP),
+                "Compile and first-step time",
+                "no ok trial timed its first step",
+            ),
+        ],
+    )
+
+
+def failures_section(inputs: ReportInputs) -> Section:
+    runs = inputs.runs
+    not_ok = runs[runs["status"] != "ok"]
+    failures = Table.of(FAILURES_TABLE, not_ok.to_dict("records"))
+    summary = inputs.summary
+    noisy = summary[summary["noisy"].map(is_true)] if len(summary) else summary
+    noise = Table.of(NOISY_TABLE, noisy.to_dict("records"))
+    counts = status_counts(runs["status"]) or "none"
+    return Section(
+        id="failures",
+        title="Failures, unsupported, missing and noisy cells",
+        intro=(
+            f"Records by status: {counts}. Every record whose status is not ok, with its reason "
+            "(stale: a record of another cell than the configuration asks for, e.g. left by an "
+            "older configuration; it is not counted)."
+        ),
+        blocks=[
+            Block(table=failures),
+            *_retried_blocks(runs),
+            Block(
+                table=noise,
+                heading="Noisy cells",
+                note=(
+                    f"Cells whose trials vary too much to resolve a small speedup: cv above "
+                    f"{stats.NOISE_CV:.0%} or a median interval wider than "
+                    f"±{stats.NOISE_RELATIVE_HALF_WIDTH:.0%}."
+                ),
+            ),
+        ],
+    )
+
+
+def _retried_blocks(runs: pd.DataFrame) -> list[Block]:
+    """The trials run again at half the batch size after running out of memory (oom_retry)."""
+    if "retried_from_batch_size" not in runs.columns:
+        return []
+    retried = runs[~runs["retried_from_batch_size"].map(is_blank)]
+    if retried.empty:
+        return []
+    table = Table.of(RETRIED_TABLE, retried.to_dict("records"))
+    note = (
+        "These trials ran out of memory at the configured batch size and ran again at half of "
+        "it (oom_retry). They are summarised at the batch size they ran, apart from the "
+        "configured one, and a speedup only pairs cells of the same batch size."
+    )
+    return [Block(table=table, heading="Retried at half the batch size", note=note)]
+
+
+SECTION_BUILDERS: list[Callable[[ReportInputs], Section]] = [
+    seed_section,
+    claims_section,
+    summary_section,
+    timing_section,
+    failures_section,
+    environments_section,
+    method_section,
+]
+
+
+def build_sections(inputs: ReportInputs) -> list[Section]:
+    return [build(inputs) for build in SECTION_BUILDERS]

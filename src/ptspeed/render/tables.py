@@ -1,0 +1,212 @@
+"""The report's tables: a :class:`Column` per shown column, and the column lists of each table.
+
+A column is a spec: its header, the function that formats its cell from one row (a mapping,
+e.g. a record of an aggregated CSV), its alignment and whether its text may wrap. A
+:class:`Table` is built from a list of columns and the rows' mappings, so a header, its cells,
+its alignment and its wrapping cannot drift apart; the templates read all of them from the
+columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ptspeed.render.formatting import (
+    BLANK,
+    format_batch,
+    format_compile_time,
+    format_flag,
+    format_fraction_as_percent,
+    format_int,
+    format_mib,
+    format_published,
+    format_rate,
+    format_rate_interval,
+    format_samples_per_s,
+    format_seconds,
+    format_speedup_interval,
+    format_text,
+    format_verdict,
+    is_blank,
+)
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: ``value`` formats its cell from a row; ``align`` right for numbers;
+    ``wrap`` for prose that may wrap (on a wide screen the other columns keep to one line)."""
+
+    header: str
+    value: Callable[[Row], str]
+    align: Literal["left", "right"] = "left"
+    wrap: bool = False
+
+
+@dataclass(frozen=True)
+class Table:
+    """Formatted cells, one per column in every row."""
+
+    columns: Sequence[Column]
+    rows: Sequence[Sequence[str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        widths = {len(row) for row in self.rows} - {len(self.columns)}
+        if widths:
+            raise ValueError(f"{len(self.columns)} columns but rows of {sorted(widths)} cells")
+
+    @classmethod
+    def of(cls, columns: Sequence[Column], rows: Iterable[Row]) -> Table:
+        """Each row's cells, as ``columns`` format them."""
+        return cls(columns, [[column.value(row) for column in columns] for row in rows])
+
+    @property
+    def headers(self) -> list[str]:
+        return headers(self.columns)
+
+
+def headers(columns: Sequence[Column]) -> list[str]:
+    return [column.header for column in columns]
+
+
+def text(key: str) -> Callable[[Row], str]:
+    """The row's ``key`` as text (blank: —)."""
+    return lambda row: format_text(row[key])
+
+
+def integer(key: str) -> Callable[[Row], str]:
+    return lambda row: format_int(row[key])
+
+
+def given(key: str) -> Callable[[Row], str]:
+    """The row's ``key``, already formatted."""
+    return lambda row: str(row[key])
+
+
+def _batch(row: Row) -> str:
+    return format_batch(row["batch_size"], row.get("retried_from_batch_size"))
+
+
+def _median(row: Row) -> str:
+    return format_rate_interval(
+        row["median_samples_per_s"],
+        row["median_low"],
+        row["median_high"],
+        row["median_confidence"],
+        row["ok_trials"],
+    )
+
+
+CELL_COLUMNS = [Column(key, text(key)) for key in ("env", "model", "variant", "mode")]
+CV = Column("cv", lambda row: format_fraction_as_percent(row["cv"]), align="right")
+
+# --- the seed table and the claims ---------------------------------------------------------------
+
+
+def _speedup(row: Row) -> str:
+    return format_speedup_interval(
+        row["speedup"], row["speedup_low"], row["speedup_high"], row["speedup_confidence"]
+    )
+
+
+def _published(row: Row) -> str:
+    return format_published(
+        row["published_speedup"], row["published_baseline"], row["published_candidate"]
+    )
+
+
+def _side_rate(side: str) -> Column:
+    def value(row: Row) -> str:
+        return format_rate(row[f"{side}_samples_per_s"], row[f"{side}_trials"])
+
+    return Column(f"{side} samples/s", value, align="right")
+
+
+SEED_TABLE = [
+    Column("model", text("model")),
+    Column("mode", text("mode")),
+    Column("batch", integer("batch_size"), align="right"),
+    _side_rate("baseline"),
+    _side_rate("candidate"),
+    Column("speedup [interval, 95% unless stated]", _speedup, align="right"),
+    Column("published", _published, wrap=True),
+    Column("verdict", lambda row: format_verdict(row["verdict"], row["verdict_reason"]), wrap=True),
+]
+
+CLAIMS_TABLE = [
+    Column("claim", given("claim")),
+    Column("source", text("source"), wrap=True),
+    Column("claimed on", text("device"), wrap=True),
+    Column("precision", text("precision"), wrap=True),
+    Column("checked by", lambda row: ", ".join(row["comparisons"]) or BLANK),
+    Column("verdicts", given("verdicts"), wrap=True),
+]
+
+# --- every cell ----------------------------------------------------------------------------------
+
+
+def _trials(row: Row) -> str:
+    return f"{format_int(row['trials'])} ({format_text(row['statuses'])})"
+
+
+def _spread(row: Row) -> str:
+    low, high = row["min_samples_per_s"], row["max_samples_per_s"]
+    return BLANK if is_blank(low) else f"{format_samples_per_s(low)}–{format_samples_per_s(high)}"
+
+
+def _compile_time(row: Row) -> str:
+    return format_compile_time(
+        row["compile_time_s"], row["compile_time_cold_s"], row["compile_time_warm_s"]
+    )
+
+
+SUMMARY_TABLE = [
+    *CELL_COLUMNS,
+    Column("batch", _batch, align="right"),
+    Column("image", integer("image_size"), align="right"),
+    Column("seq", integer("seq_len"), align="right"),
+    Column("trials", _trials, wrap=True),
+    Column("median samples/s [interval, 95% unless stated]", _median, align="right"),
+    Column("min–max samples/s", _spread, align="right"),
+    CV,
+    Column("noisy", lambda row: format_flag(row["noisy"])),
+    Column("first step", lambda row: format_seconds(row["median_first_step_s"]), align="right"),
+    Column("compile time", _compile_time, align="right"),
+    Column("peak memory", lambda row: format_mib(row["median_peak_memory_bytes"]), align="right"),
+]
+
+# --- failures, retried and noisy cells -----------------------------------------------------------
+
+
+def _reason(row: Row) -> str:
+    reason = format_text(row["reason"])
+    if not is_blank(row.get("fault")):
+        reason += f" [injected fault: {row['fault']}]"
+    return reason
+
+
+def _record_columns(batch: Column) -> list[Column]:
+    """The columns of a list of records, with ``batch`` as the batch size's column."""
+    return [
+        *CELL_COLUMNS,
+        batch,
+        Column("trial", integer("trial"), align="right"),
+        Column("status", text("status")),
+        Column("reason", _reason, wrap=True),
+    ]
+
+
+FAILURES_TABLE = _record_columns(Column("batch", _batch, align="right"))
+# Every batch here reads "8 (retried from 16)": prose that may wrap.
+RETRIED_TABLE = _record_columns(Column("batch", _batch, wrap=True))
+
+NOISY_TABLE = [
+    *CELL_COLUMNS,
+    Column("batch", integer("batch_size"), align="right"),
+    Column("median samples/s", _median, align="right"),
+    CV,
+    Column("reason", text("noisy_reason"), wrap=True),
+]
