@@ -34,6 +34,7 @@ from ptspeed.cell.record import (
     json_schema,
     write_record,
 )
+from ptspeed.envs.venvs import build_venv, venv_python
 from ptspeed.render.formatting import (
     format_int,
     format_published,
@@ -423,6 +424,20 @@ def expected_seed_row(row: dict[str, Any]) -> list[str]:
 def html_cells(rows: list[list[str]]) -> list[list[str]]:
     """A table as the HTML shows it: Markdown-only escaping undone."""
     return [[" ".join(cell.split()) for cell in row] for row in rows]
+
+
+# --- the benchmark environments (crossversion tests) ---
+
+CROSS_VERSION_VARIABLE = "PTSPEED_CROSS_VERSION"
+
+
+def benchmark_python(env: str) -> str:
+    """The python of environment ``env`` (torch-1.13, torch-2.0) as the workflow builds it:
+    the schema's env_cache, the lock's hash; built on first use, reused after."""
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    cache = Path(schema["properties"]["env_cache"]["default"]).expanduser()
+    venv = build_venv(env, ROOT / f"envs/{env}.txt", "3.10", cache)
+    return str(venv_python(venv))
 
 
 # --- the cost of a test: what the fast tier (make test-fast) leaves to make test ---

@@ -45,6 +45,10 @@ def cuda_cell(knobs: str, model: str = "resnet50", mode: str = "train") -> CellS
         "memfrac=0.8",
         "compile",
         "compile=reduce-overhead",
+        "loader=2+pin+prefetch",
+        "loader=2+pin+prefetch+channels_last+prefetch_factor=4+persistent",
+        "jit=script",
+        "jit=trace+amp=bf16",
     ],
 )
 def test_knob_runs_on_cuda_with_events_and_allocator_peak(knobs: str) -> None:
@@ -67,3 +71,15 @@ def test_cuda_event_step_times_agree_with_synchronised_wall_time() -> None:
 def test_inference_with_cuda_graphs() -> None:
     record = run_cell(cuda_cell("cudagraphs", model="bert-base", mode="infer"))
     assert record.status == "ok", record.reason + record.detail
+
+
+@pytest.mark.parametrize(
+    ("knobs", "mode"),
+    [("attn=sdpa", "train"), ("attn=sdpa+amp=bf16", "train"), ("jit=trace", "infer")],
+)
+def test_text_model_knobs_on_cuda(knobs: str, mode: str) -> None:
+    record = run_cell(cuda_cell(knobs, model="bert-base", mode=mode))
+    assert record.status == "ok", record.reason + record.detail
+    assert record.numerics.checked and record.numerics.passed
+    if knobs.startswith("attn"):
+        assert record.metrics.attn_implementation == "sdpa"

@@ -19,14 +19,13 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
+from helpers import benchmark_python
 
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import Rank
 from ptspeed.cell.harness import run_cell
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec, Record
-from ptspeed.envs.venvs import build_venv, venv_python
 from ptspeed.errors import BadInput
 from ptspeed.launch.torchrun import (
     launcher_failures,
@@ -441,14 +440,6 @@ def test_ranks_die_with_a_killed_watchdog(tmp_path: Path) -> None:
     assert not out.exists()
 
 
-def torch_1_13_python() -> str:
-    """The torch-1.13 venv as the workflow builds it: the schema's env_cache, the lock's hash."""
-    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
-    cache = Path(schema["properties"]["env_cache"]["default"]).expanduser()
-    venv = build_venv("torch-1.13", ROOT / "envs/torch-1.13.txt", "3.10", cache)
-    return str(venv_python(venv))
-
-
 @pytest.mark.slow
 @pytest.mark.crossversion
 @pytest.mark.skipif(
@@ -457,6 +448,6 @@ def torch_1_13_python() -> str:
 )
 def test_ddp_with_two_processes_under_torch_1_13(tmp_path: Path) -> None:
     spec = cell("ddp")
-    record, _ = run_job(spec, tmp_path, python=torch_1_13_python())
+    record, _ = run_job(spec, tmp_path, python=benchmark_python("torch-1.13"))
     assert record.provenance.torch.startswith("1.13.1")
     assert_global_throughput(record, spec)

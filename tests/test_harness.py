@@ -108,6 +108,17 @@ SUPPORTED_ON_CPU: list[tuple[str, str, str, dict[str, Any]]] = [
     ("mlp", "loader=0", "train", {}),
     ("mlp", "loader=2", "train", {}),
     ("mlp", "loader=2", "infer", {}),
+    ("mlp", "loader=1+prefetch_factor=4+persistent", "train", {}),
+    ("mlp", "jit=script", "train", {}),
+    ("mlp", "jit=script", "infer", {}),
+    ("mlp", "jit=trace", "train", {}),
+    ("mlp", "jit=trace+amp=bf16", "train", {}),
+    ("mlp", "jit=trace", "infer", {}),
+    ("bert-base", "jit=trace", "train", {}),
+    ("bert-base", "jit=trace", "infer", {}),
+    ("bert-base", "attn=sdpa", "train", {}),
+    ("gpt2", "attn=sdpa", "infer", {}),
+    ("gpt2", "attn=eager", "infer", {}),
 ]
 
 
@@ -137,6 +148,9 @@ UNSUPPORTED_ON_CPU = [
     ("resnet50", "cudagraphs", "cudagraphs needs a CUDA device"),
     ("mlp", "loader=2+pin", "pin (pinned host memory) needs a CUDA device"),
     ("mlp", "memfrac=0.8", "memfrac (set_per_process_memory_fraction) needs a CUDA device"),
+    ("mlp", "loader=1+pin+prefetch", "prefetch (host-to-device copies on a side CUDA stream"),
+    ("mlp", "attn=sdpa", "attn applies to models with transformers' attention"),
+    ("resnet50", "attn=eager", "attn applies to models with transformers' attention"),
 ]
 
 

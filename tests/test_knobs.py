@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from ptspeed.cell.knobs import (
     AMP_DTYPES,
+    ATTENTION_IMPLEMENTATIONS,
     COMPILE_MODES,
+    JIT_MODES,
     KNOB_NAMES,
     Knobs,
     parse_knobs,
@@ -38,6 +40,10 @@ def render(knobs: Knobs) -> list[str]:
         tokens.append(f"loader={knobs.loader_workers}")
         if knobs.pin_memory:
             tokens.append("pin")
+        tokens += ["prefetch"] * knobs.prefetch + ["persistent"] * knobs.persistent_workers
+        if knobs.prefetch_factor is not None:
+            tokens.append(f"prefetch_factor={knobs.prefetch_factor}")
+    tokens += [f"{name}={getattr(knobs, name)}" for name in ("jit", "attn") if getattr(knobs, name)]
     if knobs.memory_fraction is not None:
         tokens.append(f"memfrac={knobs.memory_fraction!r}")
     if knobs.parallel is not None:
@@ -49,20 +55,28 @@ def render(knobs: Knobs) -> list[str]:
 @st.composite
 def valid_knobs(draw: st.DrawFn) -> Knobs:
     compiled = draw(st.booleans())
+    cudagraphs = draw(st.booleans())
     loader = draw(st.none() | st.integers(0, 64))
+    pin = loader is not None and draw(st.booleans())
+    workers = loader is not None and loader >= 1
     parallel = draw(st.none() | st.sampled_from(["ddp", "fsdp"]))
     return Knobs(
         compile_mode=draw(st.sampled_from(COMPILE_MODES)) if compiled else None,
         compile_backend=draw(st.sampled_from(BACKENDS)) if compiled else "inductor",
         amp=draw(st.none() | st.sampled_from(AMP_DTYPES)),
         channels_last=draw(st.booleans()),
-        cudagraphs=draw(st.booleans()),
+        cudagraphs=cudagraphs,
         loader_workers=loader,
-        pin_memory=loader is not None and draw(st.booleans()),
+        pin_memory=pin,
         memory_fraction=draw(st.none() | st.floats(1e-6, 1.0)),
         parallel=parallel,
         cpu_offload=parallel == "fsdp" and draw(st.booleans()),
         processes=draw(st.integers(1, 64)) if parallel else 1,
+        jit=None if compiled or cudagraphs else draw(st.none() | st.sampled_from(JIT_MODES)),
+        attn=draw(st.none() | st.sampled_from(ATTENTION_IMPLEMENTATIONS)),
+        prefetch=pin and draw(st.booleans()),
+        prefetch_factor=draw(st.none() | st.integers(1, 64)) if workers else None,
+        persistent_workers=workers and draw(st.booleans()),
     )
 
 
@@ -88,6 +102,14 @@ def valid_knobs(draw: st.DrawFn) -> Knobs:
         ("fsdp+procs=4", Knobs(parallel="fsdp", processes=4)),
         ("procs=1+fsdp=offload", Knobs(parallel="fsdp", cpu_offload=True, processes=1)),
         ("ddp+compile+amp=bf16", Knobs("default", amp="bf16", parallel="ddp", processes=2)),
+        ("jit=script", Knobs(jit="script")),
+        ("jit=trace+amp=bf16+channels_last", Knobs(jit="trace", amp="bf16", channels_last=True)),
+        ("attn=sdpa", Knobs(attn="sdpa")),
+        ("attn=eager+compile", Knobs("default", attn="eager")),
+        ("loader=2+pin+prefetch", Knobs(loader_workers=2, pin_memory=True, prefetch=True)),
+        ("loader=0+pin+prefetch", Knobs(loader_workers=0, pin_memory=True, prefetch=True)),
+        ("loader=1+prefetch_factor=4", Knobs(loader_workers=1, prefetch_factor=4)),
+        ("persistent+loader=3", Knobs(loader_workers=3, persistent_workers=True)),
     ],
 )
 def test_grammar_examples(text: str, expected: Knobs) -> None:
@@ -130,6 +152,24 @@ def test_grammar_examples(text: str, expected: Knobs) -> None:
         ("fsdp=cpu", "fsdp=cpu is not one of offload"),
         ("ddp=2", "ddp takes no value"),
         ("ddp+ddp", "'ddp' given twice"),
+        ("jit", "jit= is not one of script, trace"),
+        ("jit=fast", "jit=fast is not one of script, trace"),
+        ("jit=script+compile", "jit and compile cannot be combined"),
+        ("compile=max-autotune+jit=trace", "jit and compile cannot be combined"),
+        ("jit=trace+cudagraphs", "jit and cudagraphs cannot be combined"),
+        ("attn", "attn= is not one of sdpa, eager"),
+        ("attn=flash", "attn=flash is not one of sdpa, eager"),
+        ("prefetch", "prefetch needs loader=N and pin"),
+        ("loader=2+prefetch", "prefetch needs loader=N and pin"),
+        ("loader=2+pin+prefetch=2", "prefetch takes no value"),
+        ("prefetch_factor=2", "prefetch_factor needs loader=N with N >= 1 workers"),
+        ("loader=0+prefetch_factor=2", "prefetch_factor needs loader=N with N >= 1 workers"),
+        ("loader=2+prefetch_factor=0", "prefetch_factor=0 must be an integer from 1 to 64"),
+        ("loader=2+prefetch_factor=65", "prefetch_factor=65 must be an integer from 1 to 64"),
+        ("loader=2+prefetch_factor", "prefetch_factor= must be an integer"),
+        ("persistent", "persistent needs loader=N with N >= 1 workers"),
+        ("loader+persistent", "persistent needs loader=N with N >= 1 workers"),
+        ("loader=1+persistent=yes", "persistent takes no value"),
     ],
 )
 def test_bad_knobs_are_refused_with_one_clear_line(text: str, fragment: str) -> None:
@@ -203,6 +243,9 @@ def reason(
         ("cudagraphs+amp", "cuda", (2, 5), (3, 11), True, "GradScaler"),
         ("channels_last", "cuda", (2, 5), (3, 11), False, "image models"),
         ("channels_last", "cpu", (1, 13), (3, 10), False, "image models"),
+        ("loader=2+pin+prefetch", "cpu", (2, 5), (3, 11), True, "prefetch (host-to-device"),
+        ("jit=script+ddp", "cpu", (2, 5), (3, 11), True, "jit with ddp: ptspeed makes"),
+        ("jit=trace+fsdp", "cuda", (2, 5), (3, 11), True, "jit with fsdp"),
     ],
 )
 def test_unsupported_combinations_are_named(
@@ -231,6 +274,10 @@ def test_unsupported_combinations_are_named(
         ("loader=2+pin+memfrac=0.8", "cuda", (1, 13), (3, 10), True),
         ("loader=2", "cpu", (2, 5), (3, 11), False),
         ("channels_last", "cpu", (2, 5), (3, 11), True),
+        ("jit=script", "cpu", (1, 13), (3, 10), False),
+        ("jit=trace+amp=bf16+channels_last", "cpu", (2, 0), (3, 10), True),
+        ("loader=2+pin+prefetch+prefetch_factor=4+persistent", "cuda", (1, 13), (3, 10), True),
+        ("loader=1+persistent+prefetch_factor=1", "cpu", (2, 5), (3, 11), False),
     ],
 )
 def test_supported_combinations_have_no_reason(
@@ -241,3 +288,34 @@ def test_supported_combinations_have_no_reason(
     image_model: bool,
 ) -> None:
     assert reason(text, device, torch_version, python, image_model) == ""
+
+
+@pytest.mark.parametrize("knobs", ["attn=sdpa", "attn=eager", "attn=sdpa+compile"])
+def test_attn_applies_to_attention_models_only(knobs: str) -> None:
+    on_text = unsupported_reason(parse_knobs(knobs), "cpu", (2, 5), (3, 11), False, True)
+    on_image = unsupported_reason(parse_knobs(knobs), "cpu", (2, 5), (3, 11), True, False)
+    assert on_text == ""
+    assert on_image == "attn applies to models with transformers' attention (the text models) only"
+
+
+@pytest.mark.parametrize(
+    ("knobs", "device", "own"),
+    [
+        ("compile", "cpu", True),
+        ("cudagraphs", "cuda", True),
+        ("jit=script", "cpu", False),
+        ("jit=trace", "cuda", True),
+        ("attn=sdpa", "cpu", False),
+        ("attn=sdpa", "cuda", True),
+        ("attn=eager", "cuda", False),
+        ("amp", "cuda", False),
+    ],
+)
+def test_which_variants_draw_their_own_random_numbers(knobs: str, device: str, own: bool) -> None:
+    assert parse_knobs(knobs).draws_own_random(device) is own
+
+
+def test_the_reference_of_an_attn_variant_has_eager_attention() -> None:
+    assert parse_knobs("attn=sdpa").reference_attention == "eager"
+    assert parse_knobs("attn=eager+amp").reference_attention == "eager"
+    assert parse_knobs("compile").reference_attention is None

@@ -150,10 +150,10 @@ def test_an_output_is_compared_on_a_bounded_sample() -> None:
 def failing_build(dtypes: tuple[torch.dtype, ...]) -> Any:
     real_build = reference.ReferenceModel.build
 
-    def build(*args: Any) -> Any:
+    def build(*args: Any, **kwargs: Any) -> Any:
         if args[4] in dtypes:  # (spec, model_spec, host_batch, device, dtype, ...)
             raise RuntimeError("CUDA out of memory. Tried to allocate 3.30 GiB")
-        return real_build(*args)
+        return real_build(*args, **kwargs)
 
     return build
 

@@ -49,6 +49,11 @@ def full_record() -> Record:
             memory_kind="process_peak_rss",
             loss_first=2.5,
             loss_last=2.0,
+            attn_implementation="sdpa",
+            compiled_graphs=2,
+            graph_breaks=1,
+            graph_break_reasons=["call_function BuiltinVariable(float)"],
+            compile_time_by_phase_s={"_compile": 0.5},
         ),
         numerics=NumericsCheck(
             checked=True,
@@ -125,7 +130,9 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "memory_kind": "", "loss_first": None, "loss_last": None, "non_finite_loss": "",
             "flops_per_sample": None, "achieved_flops_per_s": None, "world_size": 1,
             "batch_size_per_process": None, "distributed_backend": "", "fsdp_wrap_policy": "",
-            "stage_split": "", "rank_measured_wall_s": [],
+            "stage_split": "", "attn_implementation": "", "compiled_graphs": None,
+            "graph_breaks": None, "graph_break_reasons": [], "recompilations": None,
+            "recompile_reasons": [], "compile_time_by_phase_s": {}, "rank_measured_wall_s": [],
         },
         "numerics": {
             "checked": False, "reason": "", "compared": "", "precision": "", "reference": "",

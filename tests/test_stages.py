@@ -77,6 +77,7 @@ def test_staged_knobs(text: str, parallel: str, world_size: int, chunks: int) ->
         ("modelpar=2+procs=2", "the stage count is the process count"),
         ("pipeline=2+compile", "compiling each stage is untested"),
         ("modelpar=2+cudagraphs", "capturing send/recv between stages is untested"),
+        ("pipeline=2+jit=script", "TorchScript of each stage is untested"),
     ],
 )
 def test_bad_staged_knobs_are_one_clear_line(text: str, fragment: str) -> None:

@@ -7,6 +7,8 @@ wrong (a config key, a field, a file) for the user to read as it is.
 
 from __future__ import annotations
 
+REASON_CHARACTERS = 200  # of a library's reason quoted in an unsupported record
+
 
 class ConfigError(ValueError):
     """The config cannot be run, or lacks what a step needs; the message names the key."""
@@ -17,7 +19,17 @@ class BadInput(ValueError):
 
 
 class Unsupported(Exception):
-    """This torch or device cannot run the cell; the message says why."""
+    """This torch, device or model cannot run the cell; the message says why."""
+
+    @classmethod
+    def because(cls, what: str, error: BaseException) -> Unsupported:
+        """``what`` cannot be done, for the reason ``error`` gives (torch's or a library's):
+        the first line of its message, shortened (it may print a tensor)."""
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        reason = lines[0] if lines else "no message"
+        if len(reason) > REASON_CHARACTERS:
+            reason = reason[: REASON_CHARACTERS - 1] + "…"
+        return cls(f"{what}: {type(error).__name__}: {reason}")
 
 
 class WriteFailed(OSError):

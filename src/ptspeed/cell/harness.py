@@ -13,6 +13,7 @@ status, never a crash.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import resource
@@ -26,8 +27,9 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell import conditions, numerics
+from ptspeed.cell import compiler, conditions, numerics
 from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_reason
+from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
 from ptspeed.cell.record import CellSpec, Conditions, Metrics, Record, utc_now
 from ptspeed.cell.reference import (
@@ -159,7 +161,12 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     knobs = parse_knobs(spec.knobs)
     model_spec = get_model(spec.model)
     reason = unsupported_reason(
-        knobs, device.type, torch_version(), python_version(), model_spec.image_model
+        knobs,
+        device.type,
+        torch_version(),
+        python_version(),
+        model_spec.image_model,
+        attention_model=model_spec.attention is not None,
     )
     if reason:
         raise Unsupported(reason)
@@ -168,17 +175,21 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     cache = use_compiler_cache(spec, knobs)
     sizes = Sizes(spec.batch_size, spec.image_size, spec.seq_len)
     host_batch = model_spec.make_batch(sizes, torch.Generator().manual_seed(spec.seed))
-    model = build_model(model_spec, sizes, spec.seed, device)
+    model = build_model(model_spec, sizes, spec.seed, device, knobs.attn)
     prepare_device(device)
+    if knobs.compile_mode is not None:
+        compiler.reset()
     run = _measure_variant(spec, model_spec, model, knobs, host_batch, device, placement)
     record.metrics = run.metrics
     record.metrics.compiler_cache = cache
     record.conditions = run.conditions
+    if knobs.compile_mode is not None:
+        record.metrics = dataclasses.replace(record.metrics, **compiler.collect())
     del model
     release_memory(device)
     if not placement.reports:
         return
-    flops = count_flops_per_sample(model_spec, sizes, host_batch, spec.mode, device)
+    flops = count_flops_per_sample(model_spec, sizes, host_batch, spec.mode, device, knobs.attn)
     if flops is not None and run.metrics.throughput_samples_per_s:
         record.metrics.flops_per_sample = flops
         record.metrics.achieved_flops_per_s = flops * run.metrics.throughput_samples_per_s
@@ -234,6 +245,7 @@ def _measure_variant(
     placement: SingleProcess,
 ) -> VariantRun:
     parameter_names = [name for name, _ in model.named_parameters()]
+    attention = model_spec.attention(model) if model_spec.attention else ""
     model, step_knobs = placement.wrap(model, knobs, device, model_spec.blocks)
     fault = placement.fault(spec.fault)
     step = placement.make_step(model_spec, model, step_knobs, spec.mode, device, fault=fault)
@@ -283,6 +295,7 @@ def _measure_variant(
         memory_kind=memory_kind,
         batch_size_per_process=spec.batch_size,
         fsdp_wrap_policy=getattr(placement, "wrap_policy", ""),
+        attn_implementation=attention,
     )
     metrics = placement.combine(metrics)
     if spec.mode == "train":
@@ -457,17 +470,23 @@ def cell_precision(knobs: Knobs, device: torch.device) -> str:
 
 
 def count_flops_per_sample(
-    model_spec: ModelSpec, sizes: Sizes, host_batch: Batch, mode: str, device: torch.device
+    model_spec: ModelSpec,
+    sizes: Sizes,
+    host_batch: Batch,
+    mode: str,
+    device: torch.device,
+    attn: str | None = None,
 ) -> float | None:
     """FLOPs of one eager fp32 step per sample, where this torch can count them (>= 2.1).
 
-    Counted on a fresh eager model after the measured window, so that nothing runs on the
-    device before the first timed step in one torch version and not in another."""
+    Counted on a fresh eager model (with the cell's attention) after the measured window, so
+    that nothing runs on the device before the first timed step in one torch version and not
+    in another."""
     try:
         from torch.utils.flop_counter import FlopCounterMode
     except ImportError:
         return None
-    model = build_model(model_spec, sizes, 0, device)
+    model = build_model(model_spec, sizes, 0, device, attn)
     model.train(mode == "train")
     batch = to_device(host_batch, device, channels_last=False)
     try:
@@ -501,14 +520,6 @@ def resolve_device(requested: str) -> torch.device:
 def torch_version() -> tuple[int, int]:
     major, minor = torch.__version__.split(".")[:2]
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
-    if isinstance(exc, MemoryError) or (oom_type is not None and isinstance(exc, oom_type)):
-        return True
-    message = str(exc).lower()
-    return "out of memory" in message or "can't allocate memory" in message
 
 
 def _inject_fault(fault: str) -> None:

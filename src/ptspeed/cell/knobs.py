@@ -23,6 +23,23 @@ A variant is written as knobs joined by ``+``, each ``name`` or ``name=value``::
                                one process (device) each, one micro-batch at a time (naive)
     pipeline=N                 the same N stages run as a GPipe pipeline over chunks micro-batches
     chunks=M                   micro-batches of a pipeline, 1 to 1024 (default 2; batch_size >= M)
+    jit=script|trace           TorchScript: torch.jit.script, or torch.jit.trace of the model's
+                               first call; infer mode also torch.jit.freeze and
+                               torch.jit.optimize_for_inference; train mode trains the
+                               TorchScript module (its backward), unfrozen. Not with compile or
+                               cudagraphs
+    attn=sdpa|eager            transformers' attention implementation (bert-base, gpt2): fused
+                               torch scaled_dot_product_attention or the plain matmul-softmax
+                               one; default: what transformers picks for this torch (recorded
+                               as metrics.attn_implementation)
+    prefetch                   copy batch k+1 to the device on a side CUDA stream while step k
+                               runs (with loader and pin; CUDA)
+    prefetch_factor=K          batches each loader worker prepares ahead, 1 to 64 (DataLoader's
+                               prefetch_factor; with loader=N, N >= 1; default: torch's, 2)
+    persistent                 loader workers outlive an epoch (DataLoader's persistent_workers;
+                               with loader=N, N >= 1; default: off, as in torch). The loader
+                               serves the whole cell as one epoch, so the measured steps never
+                               cross an epoch boundary: this changes no measured step time
 
 Distributed variants (ddp, fsdp) run N processes started by torchrun: NCCL on CUDA (one GPU
 per process), gloo on the CPU (the cell's threads divided among them). Every process trains
@@ -40,9 +57,22 @@ back with send/recv, and pipeline runs a GPipe schedule (every micro-batch's for
 backward, gradients accumulated). batch_size is the whole batch, split into the micro-batches;
 the throughput is batch_size x steps / the slowest stage's wall time; the split is recorded
 (metrics.stage_split). Refused when parsed: a staged variant with ddp, fsdp or procs, with
-compile or cudagraphs (untested per stage), and chunks without pipeline. Recorded as
+compile, cudagraphs or jit (untested per stage), and chunks without pipeline. Recorded as
 unsupported: fp16 AMP (no GradScaler across stages), a model without layers to cut
 (mask-rcnn), more stages than layers.
+TorchScript, attention and prefetching (tried on the CPU in torch 1.13.1, 2.0.1 and 2.14.1,
+transformers 4.46.3 in all three): a model TorchScript cannot take is unsupported with torch's
+reason (BERT and GPT-2 do not script; BERT traces from torch 2.0, whose torch.jit.trace takes
+keyword inputs; GPT-2 does not trace: its output holds the attention cache beside the logits);
+jit with amp in infer mode (the optimised module ignores autocast) and jit with ddp or fsdp are
+unsupported. attn=sdpa needs torch >= 2.1.1 in transformers 4.46.3 (unsupported with its reason
+in 1.13.1 and 2.0.1, where its default is eager; in 2.14.1 the default is sdpa). attn on a
+model without transformers' attention, and prefetch off CUDA (no host-to-device copy to
+overlap), are unsupported. The numerics gate compares jit variants with eager, and attn
+variants with eager with transformers' eager attention; on CUDA, where TorchScript's fusers and
+SDPA's kernels draw their own dropout masks, it allows for other masks as it does for compiled
+variants. A compiled cell records what the compiler did where the torch version exposes it
+(metrics.compiled_graphs, graph_breaks and their reasons, recompilations, compile time by phase).
 
 This module needs no torch: parsing happens before any process imports it. What a given
 torch and device can do is decided by :func:`unsupported_reason`.
@@ -63,6 +93,9 @@ MAX_PROCESSES = 64
 # Tried with 2 gloo processes: FSDP fails on the CPU in 1.13.1 and 2.0.1 ("Found no NVIDIA
 # driver"), runs in 2.14.1 (given device_id=cpu). CPU support landed in mid-2023 (pytorch#103171).
 FSDP_ON_CPU_SINCE = (2, 1)
+JIT_MODES = ("script", "trace")
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+MAX_PREFETCH_FACTOR = 64
 KNOB_NAMES = (
     "eager",
     "compile",
@@ -78,6 +111,11 @@ KNOB_NAMES = (
     "procs",
     "tf32",
     "cudnn_benchmark",
+    "jit",
+    "attn",
+    "prefetch",
+    "prefetch_factor",
+    "persistent",
     *("modelpar", "pipeline", "chunks"),  # staged variants (ptspeed.cell.stages)
 )
 SWITCH_VALUES = ("on", "off")
@@ -99,11 +137,31 @@ class Knobs:
     processes: int = 1
     tf32: bool | None = None  # None: the torch version's default
     cudnn_benchmark: bool | None = None
+    jit: str | None = None  # "script" or "trace"
+    attn: str | None = None  # None: transformers' default for this torch
+    prefetch: bool = False
+    prefetch_factor: int | None = None  # None: DataLoader's default
+    persistent_workers: bool = False
     chunks: int = 1  # micro-batches of a staged variant (parallel modelpar or pipeline)
 
     @property
     def is_eager_fp32(self) -> bool:
         return self == Knobs()
+
+    def draws_own_random(self, device_type: str) -> bool:
+        """Whether the step's random ops (dropout) may draw other numbers than eager's from the
+        same generator state: compiled and captured graphs; on CUDA also TorchScript's fusers
+        and SDPA's fused kernels. On the CPU, TorchScript and SDPA (its math path) draw eager's
+        dropout masks: their losses equal eager's (tried in 2.14.1)."""
+        fused_on_cuda = device_type == "cuda" and (self.jit is not None or self.attn == "sdpa")
+        return self.compile_mode is not None or self.cudagraphs or fused_on_cuda
+
+    @property
+    def reference_attention(self) -> str | None:
+        """The attention of the eager reference: transformers' eager one where the variant
+        chooses one (attn=sdpa is then checked against the plain implementation), else the
+        default, as the variant runs."""
+        return ATTENTION_IMPLEMENTATIONS[1] if self.attn else None
 
     @property
     def world_size(self) -> int:
@@ -140,8 +198,28 @@ def parse_knobs(text: str) -> Knobs:
         raise BadInput(f"knobs: pin needs loader in {text!r} (pinning applies to host batches)")
     if "eager" in seen and len(seen) > 1:
         raise BadInput(f"knobs: eager cannot be combined with other knobs in {text!r}")
+    _check_jit(seen, text)
+    _check_loader(seen, settings, text)
     _check_distributed(seen, settings, text)
     return Knobs(**settings)  # type: ignore[arg-type]
+
+
+def _check_jit(seen: set[str], text: str) -> None:
+    for other in ("compile", "cudagraphs"):
+        if {"jit", other} <= seen:
+            raise BadInput(f"knobs: jit and {other} cannot be combined in {text!r} (choose one)")
+
+
+def _check_loader(seen: set[str], settings: dict[str, object], text: str) -> None:
+    if "prefetch" in seen and not settings.get("pin_memory"):
+        raise BadInput(f"knobs: prefetch needs loader=N and pin in {text!r}")
+    workers = settings.get("loader_workers")
+    for name in ("prefetch_factor", "persistent"):
+        if name in seen and not (isinstance(workers, int) and workers >= 1):
+            raise BadInput(
+                f"knobs: {name} needs loader=N with N >= 1 workers in {text!r} "
+                "(it acts on the DataLoader's worker processes)"
+            )
 
 
 def _check_distributed(seen: set[str], settings: dict[str, object], text: str) -> None:
@@ -158,7 +236,7 @@ def _check_distributed(seen: set[str], settings: dict[str, object], text: str) -
 STAGED = ("modelpar", "pipeline")
 DEFAULT_CHUNKS = 2
 MAX_CHUNKS = 1024
-STAGED_REFUSED = ("ddp", "fsdp", "procs", "compile", "cudagraphs")
+STAGED_REFUSED = ("ddp", "fsdp", "procs", "compile", "cudagraphs", "jit")
 
 
 def _check_staged(seen: set[str], settings: dict[str, object], text: str) -> None:
@@ -183,6 +261,7 @@ _STAGED_WHY = {
     "procs": "the stage count is the process count: modelpar=N or pipeline=N",
     "compile": "compiling each stage is untested",
     "cudagraphs": "capturing send/recv between stages is untested",
+    "jit": "TorchScript of each stage is untested",
 }
 
 
@@ -224,6 +303,21 @@ def _parse_one(name: str, value: str) -> dict[str, object]:
         return {"cudnn_benchmark": _choice(name, value or "on", SWITCH_VALUES) == "on"}
     if name in (*STAGED, "chunks"):
         return _parse_staged(name, value)
+    return _parse_code_or_input(name, value)
+
+
+def _parse_code_or_input(name: str, value: str) -> dict[str, object]:
+    """The knobs of the model's code (jit, attn) and of its input pipeline."""
+    if name == "jit":
+        return {"jit": _choice(name, value, JIT_MODES)}
+    if name == "attn":
+        return {"attn": _choice(name, value, ATTENTION_IMPLEMENTATIONS)}
+    if name == "prefetch":
+        return _flag(name, value, {"prefetch": True})
+    if name == "prefetch_factor":
+        return {"prefetch_factor": _integer(name, value, minimum=1, maximum=MAX_PREFETCH_FACTOR)}
+    if name == "persistent":
+        return _flag(name, value, {"persistent_workers": True})
     raise BadInput(f"knobs: unknown knob {name!r} (accepted: {', '.join(KNOB_NAMES)})")
 
 
@@ -261,11 +355,15 @@ def unsupported_reason(
     torch_version: tuple[int, int],
     python: tuple[int, int],
     image_model: bool,
+    attention_model: bool = False,
 ) -> str:
-    """Why this torch on this device cannot run ``knobs`` ('' when it can).
+    """Why this torch on this device cannot run ``knobs`` ('' when it can); ``attention_model``:
+    the model has transformers' attention implementations (the attn knob).
 
     These are limits of PyTorch itself, known before running anything; the cell is then
-    recorded as ``unsupported`` with this reason instead of crashing.
+    recorded as ``unsupported`` with this reason instead of crashing. What only trying can
+    tell (a model TorchScript cannot take, SDPA in an old transformers stack) is found when
+    the model is built or first called.
     """
     version = ".".join(map(str, torch_version))
     if knobs.compile_mode is not None:
@@ -276,6 +374,8 @@ def unsupported_reason(
         if knobs.cudagraphs:
             return "cudagraphs with compile: use compile=reduce-overhead instead"
     cuda_only = {
+        "prefetch (host-to-device copies on a side CUDA stream; the CPU has none to "
+        "overlap)": knobs.prefetch,
         "cudagraphs": knobs.cudagraphs,
         "pin (pinned host memory)": knobs.pin_memory,
         "memfrac (set_per_process_memory_fraction)": knobs.memory_fraction is not None,
@@ -293,12 +393,16 @@ def unsupported_reason(
         )
     if knobs.channels_last and not image_model:
         return "channels_last applies to image models (4-D inputs) only"
+    if knobs.attn and not attention_model:
+        return "attn applies to models with transformers' attention (the text models) only"
     return _distributed_reason(knobs, device_type, torch_version)
 
 
 def _distributed_reason(knobs: Knobs, device_type: str, torch_version: tuple[int, int]) -> str:
     if knobs.parallel is None:
         return ""
+    if knobs.jit:
+        return f"jit with {knobs.parallel}: ptspeed makes TorchScript of single-process models only"
     if knobs.cudagraphs:
         return (
             f"cudagraphs with {knobs.parallel}: ptspeed captures single-process steps only "

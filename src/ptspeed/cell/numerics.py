@@ -24,8 +24,9 @@ error at that precision against fp64 (low-precision gradients); 3 x eager's *spr
 an eager step moves when the snapshot's weights are perturbed by one fp32 rounding unit (an
 ill-conditioned step, such as batch norm over a handful of values, amplifies any reordering
 of sums, which is all a correct fp32 variant such as channels_last does) and, for variants
-that draw their own random numbers (compiled graphs, CUDA graphs), its random ops seeded
-differently (their dropout masks cannot match eager's). Tolerances: fp32 0.5 %
+that draw their own random numbers (compiled graphs, CUDA graphs; on CUDA also TorchScript
+and SDPA attention), its random ops seeded differently (their dropout masks cannot match
+eager's). Tolerances: fp32 0.5 %
 (reassociation, compilers' approximations of transcendental functions), TF32 1 % (10-bit
 mantissa in matmuls and convolutions), fp16 2 %, bf16 5 % (11 and 8 significant bits).
 Without an fp64 step the variant is compared with the eager step at its precision. A

@@ -165,6 +165,43 @@ class Metrics:
         "parameters, e.g. '0-7 stem..layer3.0 8.5M | 8-17 layer3.1..fc 17.0M'; '' otherwise.",
         "",
     )
+    attn_implementation: str = _doc(
+        "The attention implementation the model ran with, as transformers reports it "
+        "(model.config._attn_implementation): 'sdpa' (torch's scaled_dot_product_attention) or "
+        "'eager'; the attn knob's, else transformers' default for this torch. '' for models "
+        "without one.",
+        "",
+    )
+    compiled_graphs: Optional[int] = _doc(
+        "Graphs torch.compile compiled during the cell (Dynamo's stats/unique_graphs, "
+        "recompilations included); null for cells that do not compile or where torch does not "
+        "count them.",
+        None,
+    )
+    graph_breaks: Optional[int] = _doc(
+        "Graph breaks Dynamo met while compiling (each splits a frame into graphs with Python "
+        "between them); null as for compiled_graphs.",
+        None,
+    )
+    graph_break_reasons: list[str] = _doc(
+        "The first five distinct graph-break reasons, each by its first line.", []
+    )
+    recompilations: Optional[int] = _doc(
+        "Compilations of code already compiled, after a guard failed (a new shape, a changed "
+        "constant): torch 2.0 counts guard failures, later versions the compilations with a "
+        "recompile reason (of the last 64 compilations); null as for compiled_graphs.",
+        None,
+    )
+    recompile_reasons: list[str] = _doc(
+        "The first five distinct reasons for a recompilation (the guard that failed).", []
+    )
+    compile_time_by_phase_s: dict[str, float] = _doc(
+        "Seconds spent in each timed phase of the compiler over the cell "
+        "(torch._dynamo.utils.compile_times: e.g. Dynamo's _compile, the backend call, "
+        "Inductor's code generation; which phases depends on the torch version). Phases nest, "
+        "so their sum is not the total; first_step_s holds the first compilation whole.",
+        {},
+    )
     rank_measured_wall_s: list[float] = _doc(
         "Each process's wall time of the measured steps, by rank (distributed cells); "
         "measured_wall_s is the largest. A rank's own throughput is batch_size x measured_steps "

@@ -141,11 +141,13 @@ class ReferenceModel:
         device: torch.device,
         dtype: torch.dtype,
         precision: str = "fp32",
+        attn: str | None = None,
     ) -> ReferenceModel:
         """Eager in ``dtype``; with a ``precision`` of fp16/bf16, eager autocast (fp16 with the
-        loss scale of each snapshot), with tf32, eager with the cell's TF32 settings."""
+        loss scale of each snapshot), with tf32, eager with the cell's TF32 settings; ``attn``:
+        the attention implementation (see Knobs.reference_attention)."""
         sizes = Sizes(spec.batch_size, spec.image_size, spec.seq_len)
-        model = build_model(model_spec, sizes, spec.seed, device).to(dtype)
+        model = build_model(model_spec, sizes, spec.seed, device, attn).to(dtype)
         autocast = Knobs(amp=precision if precision in ("fp16", "bf16") else None)
         step = make_step(model_spec, model, autocast, spec.mode, device, static_loss_scale=True)
         batch = {
@@ -239,9 +241,12 @@ def check_numerics(
     snapshots = [snapshot for snapshot, _ in restorable]
     if knobs.parallel in STAGED:  # eager over the same micro-batches, seeded as the stages
         model_spec = micro_batched(model_spec, knobs.chunks)
-    fp64, fp64_missing = _fp64_steps(spec, model_spec, host_batch, device, snapshots)
-    own_random = knobs.compile_mode is not None or knobs.cudagraphs
-    eager = ReferenceModel.build(spec, model_spec, host_batch, device, torch.float32, precision)
+    attn = knobs.reference_attention
+    fp64, fp64_missing = _fp64_steps(spec, model_spec, host_batch, device, snapshots, attn)
+    own_random = knobs.draws_own_random(device.type)
+    eager = ReferenceModel.build(
+        spec, model_spec, host_batch, device, torch.float32, precision, attn
+    )
     try:
         steps = [
             numerics.step_errors(
@@ -270,12 +275,15 @@ def _fp64_steps(
     host_batch: Batch,
     device: torch.device,
     snapshots: list[Snapshot],
+    attn: str | None,
 ) -> tuple[list[numerics.StepValues], str]:
     """The fp64 step from each snapshot, or none and why (out of memory, no fp64 kernels):
     the check then falls back to eager fp32."""
     reference = None
     try:
-        reference = ReferenceModel.build(spec, model_spec, host_batch, device, torch.float64)
+        reference = ReferenceModel.build(
+            spec, model_spec, host_batch, device, torch.float64, attn=attn
+        )
         return [reference.step_from(snapshot) for snapshot in snapshots], ""
     except Exception as exc:
         return [], f"no fp64 reference ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"

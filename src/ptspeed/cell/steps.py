@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 
+from ptspeed.cell.jit import ONE_OFF_CALLS as JIT_ONE_OFF_CALLS
+from ptspeed.cell.jit import TorchScriptModel
 from ptspeed.cell.knobs import Knobs
+from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes
 
 LEARNING_RATE = 1e-3
@@ -28,10 +31,18 @@ COMPILE_MODES_WITH_CUDAGRAPHS = ("reduce-overhead", "max-autotune")
 CUDAGRAPH_TREES_ONE_OFF_CALLS = 2
 
 
-def build_model(model_spec: ModelSpec, sizes: Sizes, seed: int, device: torch.device) -> Any:
-    """The model with its seeded initial weights, on ``device``."""
+def build_model(
+    model_spec: ModelSpec,
+    sizes: Sizes,
+    seed: int,
+    device: torch.device,
+    attn: str | None = None,
+) -> Any:
+    """The model with its seeded initial weights, on ``device``; ``attn``: the attention
+    implementation of a model that has several (None: the library's default)."""
     torch.manual_seed(seed)
-    return model_spec.build(sizes).to(device)
+    options = {"attn": attn} if model_spec.attention is not None else {}
+    return model_spec.build(sizes, **options).to(device)
 
 
 def release_memory(device: torch.device) -> None:
@@ -40,7 +51,7 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def prepare_model(model: torch.nn.Module, knobs: Knobs, mode: str) -> torch.nn.Module:
+def prepare_model(model: torch.nn.Module, knobs: Knobs, mode: str) -> Any:
     """Put ``model`` in train/eval mode and apply the model-level knobs; return what to call."""
     model.train(mode == "train")
     if knobs.channels_last:
@@ -48,6 +59,13 @@ def prepare_model(model: torch.nn.Module, knobs: Knobs, mode: str) -> torch.nn.M
     if knobs.compile_mode is not None:
         mode_arg = None if knobs.compile_mode == "default" else knobs.compile_mode
         return torch.compile(model, mode=mode_arg, backend=knobs.compile_backend)
+    if knobs.jit is not None:
+        if mode == "infer" and knobs.amp is not None:
+            raise Unsupported(
+                "jit with amp in infer mode: torch.jit.optimize_for_inference's module ignores "
+                "autocast and computes in fp32 (tried on the CPU in torch 1.13.1 to 2.14.1)"
+            )
+        return TorchScriptModel(model, knobs.jit, freeze=mode == "infer")
     return model
 
 
@@ -94,7 +112,7 @@ def make_step(
         step = Step(infer_step)
     else:
         step = _train_step(spec, net, model, knobs, device, autocast, fault, static_loss_scale)
-    step.one_off_calls = compiled_one_off_calls(knobs, device)
+    step.one_off_calls = JIT_ONE_OFF_CALLS if knobs.jit else compiled_one_off_calls(knobs, device)
     if knobs.cudagraphs:
         graph = CudaGraphStep(step.run)
         return Step(graph, step.optimizer, CudaGraphStep.ONE_OFF_CALLS, step.scaler)
@@ -260,29 +278,75 @@ def batch_supplier(
 
     Without the loader knob: one batch resident on the device, reused (no copies in the loop).
     With it: a DataLoader over host tensors (collation, optional workers and pinning), each
-    batch copied to the device inside the step, as a real input pipeline does.
+    batch copied to the device inside the step, as a real input pipeline does; with prefetch,
+    the next batch's copy starts on a side stream before the step that precedes it.
     """
     if knobs.loader_workers is None:
         resident = to_device(host_batch, device, knobs.channels_last)
         return lambda: resident
+    next_host_batch = _host_batches(host_batch, knobs, total_steps)
+    if knobs.prefetch:
+        return SideStreamPrefetcher(next_host_batch, device, knobs.channels_last)
+    return lambda: to_device(
+        next_host_batch(), device, knobs.channels_last, non_blocking=knobs.pin_memory
+    )
+
+
+def _host_batches(host_batch: Batch, knobs: Knobs, total_steps: int) -> Callable[[], Batch]:
+    """The loader's batches on the host, one per call: one epoch covers the whole cell."""
     batch_size = len(next(iter(host_batch.values())))
+    workers = knobs.loader_workers or 0
+    # DataLoader refuses prefetch_factor without workers (torch 1.13 even its default).
+    ahead = {"prefetch_factor": knobs.prefetch_factor} if knobs.prefetch_factor else {}
     loader = torch.utils.data.DataLoader(
         RepeatedBatch(host_batch, batch_size * total_steps),
         batch_size=batch_size,
-        num_workers=knobs.loader_workers,
+        num_workers=workers,
         pin_memory=knobs.pin_memory,
         drop_last=True,
-        persistent_workers=knobs.loader_workers > 0,
+        persistent_workers=knobs.persistent_workers,
+        **ahead,
     )
     batches = iter(loader)
 
     def next_batch() -> Batch:
         nonlocal batches
         try:
-            host = next(batches)
+            return next(batches)
         except StopIteration:
             batches = iter(loader)
-            host = next(batches)
-        return to_device(host, device, knobs.channels_last, non_blocking=knobs.pin_memory)
+            return next(batches)
 
     return next_batch
+
+
+class SideStreamPrefetcher:
+    """Batch k+1's host-to-device copy on a side CUDA stream while step k runs.
+
+    Each call hands over the batch copied during the previous step (the current stream
+    waits for its copy) and starts the next copy at once, before the caller launches the
+    step's kernels, so the two overlap. The handed-over tensors are recorded on the current
+    stream: the caching allocator must not reuse their memory for the side stream's next copy
+    while the step still reads them.
+    """
+
+    def __init__(self, host_batches: Callable[[], Batch], device: torch.device, nhwc: bool):
+        self._host_batches = host_batches
+        self._device = device
+        self._nhwc = nhwc
+        self._stream = torch.cuda.Stream(device)
+        self._next: Batch | None = None
+
+    def __call__(self) -> Batch:
+        batch = self._next if self._next is not None else self._copy_next()
+        current = torch.cuda.current_stream(self._device)
+        current.wait_stream(self._stream)
+        for tensor in batch.values():
+            tensor.record_stream(current)
+        self._next = self._copy_next()
+        return batch
+
+    def _copy_next(self) -> Batch:
+        host = self._host_batches()
+        with torch.cuda.stream(self._stream):
+            return to_device(host, self._device, self._nhwc, non_blocking=True)

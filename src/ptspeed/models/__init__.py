@@ -58,7 +58,7 @@ class Layering:
 class ModelSpec:
     name: str
     description: str
-    build: Callable[[Sizes], Any]
+    build: Callable[..., Any]  # (sizes), or (sizes, attn=...) with attention
     make_batch: Callable[[Sizes, Any], Batch]
     loss: Callable[[Any, Batch], Any]
     infer: Callable[[Any, Batch], Any]
@@ -68,6 +68,9 @@ class ModelSpec:
     ragged_output: bool = False
     # Class names of the model's repeated blocks: FSDP wraps each as its own unit.
     blocks: tuple[str, ...] = ()
+    # For a model with several attention implementations (transformers'): the implementation a
+    # built model uses; ``build`` then takes ``attn=`` (None: the library's default).
+    attention: Callable[[Any], str] | None = None
     # The model as consecutive layers, for modelpar/pipeline; None: it cannot be cut (why).
     layering: Layering | None = None
     unstaged_reason: str = ""

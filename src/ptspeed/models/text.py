@@ -1,8 +1,11 @@
 """Text models from transformers, built from their configs with random weights.
 
 The hub is switched off before transformers is imported: nothing is ever downloaded. The
-attention implementation is pinned to transformers' "eager" one so that the model code is
-the same in every PyTorch column (newer transformers would pick SDPA on newer torch only).
+attention implementation is the attn knob's (``sdpa``: torch's fused
+scaled_dot_product_attention, ``eager``: transformers' matmul-softmax code), else what
+transformers picks for the torch it runs with: transformers 4.46.3 picks SDPA from torch
+2.1.1 on and refuses it below, so the default differs between PyTorch columns and every
+record says which one ran (``metrics.attn_implementation``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import transformers
 from torch import nn
 
+from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, Layer, Layering, ModelSpec, Sizes
 
 MASKED_FRACTION = 0.15
@@ -43,14 +47,37 @@ _provide_torch_compiler_is_compiling()
 IGNORED_LABEL = -100
 
 
-def _bert(sizes: Sizes) -> nn.Module:
-    config = transformers.BertConfig(attn_implementation="eager")  # bert-base-uncased sizes
-    return transformers.BertForMaskedLM(config)
+def _bert(sizes: Sizes, attn: str | None = None) -> nn.Module:
+    # The config's defaults are bert-base-uncased's sizes.
+    return _build(transformers.BertForMaskedLM, transformers.BertConfig, attn)
 
 
-def _gpt2(sizes: Sizes) -> nn.Module:
-    config = transformers.GPT2Config(attn_implementation="eager")  # the 124M model
-    return transformers.GPT2LMHeadModel(config)
+def _gpt2(sizes: Sizes, attn: str | None = None) -> nn.Module:
+    return _build(transformers.GPT2LMHeadModel, transformers.GPT2Config, attn)  # the 124M model
+
+
+def _build(model_class: type, config_class: type, attn: str | None) -> nn.Module:
+    """The model with ``attn`` attention (None: transformers' default); Unsupported, with
+    transformers' reason, where this transformers and torch cannot build it."""
+    if attn is None:
+        return model_class(config_class())
+    try:
+        model = model_class(config_class(attn_implementation=attn))
+    except (ImportError, ValueError) as exc:
+        what = f"attn={attn} in transformers {transformers.__version__}"
+        raise Unsupported.because(what, exc) from exc
+    if attention_implementation(model) != attn:  # a transformers without attn_implementation
+        raise Unsupported(
+            f"attn={attn}: transformers {transformers.__version__} builds "
+            f"{attention_implementation(model)} attention only"
+        )
+    return model
+
+
+def attention_implementation(model: nn.Module) -> str:
+    """The attention a built model runs: transformers' choice, 'eager' for a transformers
+    that has no other (no ``_attn_implementation``)."""
+    return getattr(model.config, "_attn_implementation", None) or "eager"
 
 
 def _masked_lm_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
@@ -128,6 +155,7 @@ SPECS = {
         loss=lambda model, batch: model(input_ids=batch["input_ids"], labels=batch["labels"]).loss,
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
         blocks=("BertLayer",),
+        attention=attention_implementation,
         layering=Layering(_bert_layers, _masked_lm_loss, _masked_count),
     ),
     "gpt2": ModelSpec(
@@ -140,6 +168,7 @@ SPECS = {
         ),
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
         blocks=("GPT2Block",),
+        attention=attention_implementation,
         layering=Layering(_gpt2_layers, _causal_lm_loss),
     ),
 }

@@ -95,12 +95,18 @@ def _detection_targets(batch: Batch) -> list[dict[str, torch.Tensor]]:
 
 
 def _mask_rcnn_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-    losses = model(list(batch["images"]), _detection_targets(batch))
+    losses = _unscripted(model(list(batch["images"]), _detection_targets(batch)), 0)
     return sum(losses.values())
 
 
 def _mask_rcnn_infer(model: nn.Module, batch: Batch) -> list[dict[str, torch.Tensor]]:
-    return model(list(batch["images"]))
+    return _unscripted(model(list(batch["images"])), 1)
+
+
+def _unscripted(output: Any, index: int) -> Any:
+    """The losses (0) or detections (1): a scripted torchvision detection model returns both,
+    as a tuple, in either mode (the jit knob)."""
+    return output[index] if isinstance(output, tuple) else output
 
 
 SPECS = {
