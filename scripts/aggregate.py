@@ -21,7 +21,7 @@ import pandas as pd
 from ptspeed.analysis.aggregate import load_tables, read_mapping, records_listed_in
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import summary_table
-from ptspeed.cell.record import write_atomic
+from ptspeed.cell.files import write_atomic
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -247,7 +247,7 @@ def _import() -> tuple[SimpleNamespace, Any, Any]:
     from ptspeed.analysis.columns import read_table
     from ptspeed.analysis.speedups import speedups
     from ptspeed.analysis.summary import summary_table
-    from ptspeed.cell.record import write_atomic
+    from ptspeed.cell.files import write_atomic
     from ptspeed.render import report
 
     steps = {"load_tables": load_tables, "summary_table": summary_table, "speedups": speedups}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ptspeed.cell.record import write_atomic
+from ptspeed.cell.files import write_atomic
 from ptspeed.envs.venvs import INSTALLERS, build_venv, venv_python
 from ptspeed.errors import EnvBuildError
 

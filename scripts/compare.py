@@ -33,7 +33,7 @@ from ptspeed.analysis.compare import (
     regressions,
     verdict_line,
 )
-from ptspeed.cell.record import write_atomic
+from ptspeed.cell.files import write_atomic
 
 EXIT_SLOWER = 1
 EXIT_BAD_INPUT = 2

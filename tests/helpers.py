@@ -25,15 +25,8 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from ptspeed.cell.record import (
-    CellSpec,
-    Metrics,
-    NumericsCheck,
-    Provenance,
-    Record,
-    json_schema,
-    write_record,
-)
+from ptspeed.cell.record import CellSpec, Metrics, NumericsCheck, Provenance, Record, write_record
+from ptspeed.cell.schema import json_schema
 from ptspeed.envs.venvs import build_venv, venv_python
 from ptspeed.render.formatting import (
     format_int,

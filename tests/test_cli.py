@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import TINY_CELL, files_in, fill, full_disk, ptspeed, read_valid_record
 
-from ptspeed.cell.record import json_schema
+from ptspeed.cell.schema import json_schema
 from ptspeed.models import REGISTRY
 
 HANG_TIMEOUT_S = 5

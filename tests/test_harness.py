@@ -18,7 +18,8 @@ from torch import nn
 from torch.nn import functional
 
 from ptspeed.cell.harness import run_cell
-from ptspeed.cell.record import CellSpec, Record, json_schema, write_record
+from ptspeed.cell.record import CellSpec, Record, write_record
+from ptspeed.cell.schema import json_schema
 from ptspeed.models import REGISTRY, Batch, ModelSpec, Sizes
 
 # Sizes per model; the three slowest on a CPU measure one step instead of two.

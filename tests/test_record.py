@@ -18,6 +18,7 @@ from helpers import fill, full_disk
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from ptspeed.cell.files import write_atomic
 from ptspeed.cell.record import (
     STATUSES,
     CellSpec,
@@ -25,11 +26,10 @@ from ptspeed.cell.record import (
     NumericsCheck,
     Provenance,
     Record,
-    json_schema,
     read_record,
-    write_atomic,
     write_record,
 )
+from ptspeed.cell.schema import json_schema
 from ptspeed.errors import WriteFailed
 
 

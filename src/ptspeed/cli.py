@@ -29,7 +29,8 @@ from ptspeed.cell.checks import check_cell
 from ptspeed.cell.faults import FAULTS_VARIABLE, fault_from_environment, fault_of_attempt
 from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.provenance import collect_base
-from ptspeed.cell.record import CellSpec, Record, json_schema, utc_now, write_record
+from ptspeed.cell.record import CellSpec, Record, utc_now, write_record
+from ptspeed.cell.schema import json_schema
 from ptspeed.errors import BadInput, GpuRequestError, WriteFailed
 from ptspeed.launch.gpus import gpu_environment
 from ptspeed.models import REGISTRY

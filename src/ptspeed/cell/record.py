@@ -1,8 +1,8 @@
 """The cell record: the one JSON document every benchmark cell writes, whatever happens.
 
 Every field is declared once, here, with its meaning in the field's ``help`` metadata.
-:func:`json_schema` derives the JSON Schema from these dataclasses, so the documentation, the
-schema and the writer cannot drift apart.
+:mod:`ptspeed.cell.schema` derives the JSON Schema from these dataclasses, so the documentation,
+the schema and the writer cannot drift apart.
 
 This module must import under Python 3.10 without torch: the cell watchdog uses it.
 """
@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
 import json
 import os
-import re
-import socket
-import tempfile
 import typing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Optional
 
-from ptspeed.errors import WriteFailed
+from ptspeed.cell.files import write_atomic
 from ptspeed.models import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
 
 # 2: the numerics check's snapshot comparison (loss, gradients, update; eager_error and
@@ -453,84 +448,6 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-# The temporary file of an atomic write: a dot-file beside its target, named after the target,
-# the host and the writing process, so that a leftover of a writer that died can be told apart
-# from the file of one still writing.
-TEMPORARY_SUFFIX = ".tmp"
-FILE_MODE = 0o666  # what open() asks for; the umask takes its bits away
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
-
-    The file gets the mode any new file would (0666 less the umask), not mkstemp's 0600, so that
-    colleagues sharing a project directory and a web server can read results. Leftover
-    temporaries of this target whose writer has died (a killed cell) are removed first. Raises
-    :class:`WriteFailed` (an OSError) when the file cannot be written, leaving nothing.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_temporaries(target)
-    try:
-        fd, tmp = tempfile.mkstemp(
-            prefix=f"{_temporary_prefix(target)}{os.getpid()}.",
-            suffix=TEMPORARY_SUFFIX,
-            dir=target.parent,
-        )
-    except OSError as error:
-        raise WriteFailed(f"cannot write {target}: {error.strerror or error}") from error
-    try:
-        os.fchmod(fd, FILE_MODE & ~_current_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise WriteFailed(f"cannot write {target}: {error.strerror or error}") from error
-        raise
-
-
-def remove_dead_temporaries(target: Path) -> list[Path]:
-    """Remove the temporaries of atomic writes of ``target`` left by processes of this host
-    that are gone (a writer killed mid-write); return what was removed."""
-    removed = []
-    prefix = _temporary_prefix(target)
-    for leftover in target.parent.glob(f"{glob.escape(prefix)}*{TEMPORARY_SUFFIX}"):
-        writer = leftover.name[len(prefix) :].split(".", 1)[0]
-        if writer.isdigit() and not process_exists(int(writer)):
-            leftover.unlink(missing_ok=True)
-            removed.append(leftover)
-    return removed
-
-
-def _temporary_prefix(target: Path) -> str:
-    return f".{target.name}.{_host_label()}."
-
-
-def _host_label() -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
-
-
-def process_exists(pid: int) -> bool:
-    """Whether a process of this id runs on this host (another user's included)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
-
-
-def _current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def write_record(record: Record, path: str | os.PathLike[str]) -> None:
     write_atomic(path, json.dumps(record.to_dict(), indent=2, allow_nan=False) + "\n")
 
@@ -538,52 +455,3 @@ def write_record(record: Record, path: str | os.PathLike[str]) -> None:
 def read_record(path: str | os.PathLike[str]) -> Record:
     with open(path, encoding="utf-8") as handle:
         return Record.from_dict(json.load(handle))
-
-
-# --- JSON Schema, derived from the dataclasses above -------------------------------------------
-
-_SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
-
-
-def _schema_of(hint: Any) -> dict[str, Any]:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin is typing.Union:
-        inner = [a for a in args if a is not type(None)]
-        schema = _schema_of(inner[0])
-        schema["type"] = [schema["type"], "null"] if "type" in schema else schema["type"]
-        return schema
-    if origin is list:
-        return {"type": "array", "items": _schema_of(args[0])}
-    if origin is dict:
-        return {"type": "object", "additionalProperties": _schema_of(args[1])}
-    if dataclasses.is_dataclass(hint):
-        return _dataclass_schema(hint)
-    if hint is float:
-        return {"type": "number"}
-    return {"type": _SCALARS[hint]}
-
-
-def _dataclass_schema(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    properties = {}
-    for f in dataclasses.fields(cls):
-        prop = _schema_of(hints[f.name])
-        prop["description"] = f.metadata.get("help", "")
-        properties[f.name] = prop
-    return {
-        "type": "object",
-        "description": (cls.__doc__ or "").strip(),
-        "properties": properties,
-        "required": [f.name for f in dataclasses.fields(cls)],
-        "additionalProperties": False,
-    }
-
-
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema (2020-12) of a record as written by :func:`write_record`."""
-    schema = _dataclass_schema(Record)
-    schema["properties"]["status"]["enum"] = list(STATUSES)
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "ptspeed cell record"
-    return schema

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ptspeed.cell.record import process_exists
+from ptspeed.cell.files import process_exists
 from ptspeed.errors import EnvBuildError
 
 MARKER_NAME = "ptspeed-env.json"

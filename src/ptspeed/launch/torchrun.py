@@ -26,8 +26,9 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from ptspeed.cell.files import write_atomic
 from ptspeed.cell.provenance import collect_base
-from ptspeed.cell.record import CellSpec, Record, write_atomic
+from ptspeed.cell.record import CellSpec, Record
 
 LAUNCH_FLAG = "--launch"
 RANK_FLAG = "--rank"

@@ -20,7 +20,7 @@ import pandas as pd
 
 from ptspeed.analysis.columns import RUNS_COLUMNS, SPEEDUP_COLUMNS, STEPS_COLUMNS, SUMMARY_COLUMNS
 from ptspeed.analysis.conditions import mostly_perturbed
-from ptspeed.cell.record import write_atomic
+from ptspeed.cell.files import write_atomic
 from ptspeed.render.page import ReportInputs
 from ptspeed.render.sections import build_sections
 
