@@ -5,6 +5,7 @@ same in every torch version, the compiler cache, and provenance of the settings 
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import torch
 from test_harness import tiny_cell
 
-from ptspeed.cell import harness, numerics, provenance, reference
+from ptspeed.cell import device, harness, numerics, provenance, reference
 from ptspeed.cell.harness import WarmupPlan, resolve_device, run_cell, use_compiler_cache
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec
@@ -216,14 +217,14 @@ def test_a_cuda_device_always_has_its_index(monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_compiler_cache_is_cold_then_warm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(harness.INDUCTOR_CACHE_VARIABLE, raising=False)
+    monkeypatch.delenv(device.INDUCTOR_CACHE_VARIABLE, raising=False)
     cache = tmp_path / "cache"
     knobs = parse_knobs("compile")
     spec = CellSpec(model="mlp", variant="c", knobs="compile", mode="train", batch_size=2)
     first = CellSpec(**{**spec.__dict__, "compiler_cache": str(cache), "compiler_cache_cold": True})
     later = CellSpec(**{**first.__dict__, "compiler_cache_cold": False})
     assert use_compiler_cache(first, knobs) == "cold"
-    assert harness.os.environ[harness.INDUCTOR_CACHE_VARIABLE] == str(cache.resolve())
+    assert os.environ[device.INDUCTOR_CACHE_VARIABLE] == str(cache.resolve())
     (cache / "fxgraph").mkdir()
     assert use_compiler_cache(later, knobs) == "warm"
     assert use_compiler_cache(first, knobs) == "cold" and not any(cache.iterdir())

@@ -12,22 +12,26 @@ status, never a crash.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import os
-import resource
-import shutil
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ptspeed.cell import compiler, conditions, numerics
+from ptspeed.cell.device import (
+    apply_backend_settings,
+    peak_memory,
+    prepare_device,
+    reset_peak_memory,
+    resolve_device,
+    torch_version,
+    use_compiler_cache,
+)
 from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_reason
 from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
@@ -56,9 +60,7 @@ WRONG_OUTPUT_SCALE = 1.1
 MAX_EXTRA_WARMUP_STEPS = 10
 # Check steps GradScaler may skip (fp16 overflow while it finds its scale) before giving up.
 MAX_SCALER_SKIPS = 8
-INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 OUTPUT_FAULTS = ("numerics", "late")  # faults that change a step's returned value
-KIB = 1024
 TRACEBACK_LINES_KEPT = 25
 
 
@@ -199,42 +201,6 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
         record.reason = numerics.mismatch_reason(record.numerics)
 
 
-def apply_backend_settings(knobs: Knobs, device: torch.device) -> None:
-    """The knobs that are process-wide switches: TF32, cuDNN autotuning, the memory fraction."""
-    if knobs.tf32 is not None:
-        torch.backends.cuda.matmul.allow_tf32 = knobs.tf32
-        torch.backends.cudnn.allow_tf32 = knobs.tf32
-    if knobs.cudnn_benchmark is not None:
-        torch.backends.cudnn.benchmark = knobs.cudnn_benchmark
-    if knobs.memory_fraction is not None:
-        torch.cuda.set_per_process_memory_fraction(knobs.memory_fraction, device)
-
-
-def use_compiler_cache(spec: CellSpec, knobs: Knobs) -> str:
-    """Point inductor's cache at the cell's own directory; 'cold' or 'warm' as it starts."""
-    if not spec.compiler_cache or knobs.compile_mode is None:
-        return ""
-    directory = Path(spec.compiler_cache)
-    if spec.compiler_cache_cold and directory.exists():
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    os.environ[INDUCTOR_CACHE_VARIABLE] = str(directory.resolve())
-    return "warm" if any(directory.iterdir()) else "cold"
-
-
-def prepare_device(device: torch.device) -> None:
-    """Start the device and its libraries the same way in every torch version before the first
-    timed step (CUDA context, cuBLAS, cuDNN, autograd), so that no version's first step pays for
-    them alone."""
-    weights = torch.randn(64, 64, device=device, requires_grad=True)
-    (weights @ weights).sum().backward()
-    images = torch.randn(1, 3, 16, 16, device=device, requires_grad=True)
-    filters = torch.randn(4, 3, 3, 3, device=device)
-    torch.nn.functional.conv2d(images, filters).sum().backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _measure_variant(
     spec: CellSpec,
     model_spec: ModelSpec,
@@ -252,7 +218,7 @@ def _measure_variant(
     capture = CheckCapture(model, step, placement, spec.mode, device, parameter_names)
     plan = WarmupPlan.of(spec, step.one_off_calls, checks=_wants_check(spec, knobs))
     next_batch = batch_supplier(host_batch, knobs, device, plan.longest + spec.measured_steps + 1)
-    _reset_peak_memory(device)
+    reset_peak_memory(device)
     # The steps draw random numbers (dropout, detection samplers): start them from the same
     # state as the eager references, whatever the loader drew before.
     torch.manual_seed(spec.seed)
@@ -274,7 +240,7 @@ def _measure_variant(
     window = conditions.begin(device)  # samples outside the timed loop, at both ends
     timing, last_output = timed_loop(make_timer(torch, device), measured_step, spec.measured_steps)
     window_conditions = window.end()
-    memory_bytes, memory_kind = _peak_memory(device)
+    memory_bytes, memory_kind = peak_memory(device)
     checks = warmup.checks
     if plan.check_count:
         # One more step, after the measured window, checked from its own snapshot: a variant
@@ -504,24 +470,6 @@ def count_flops_per_sample(
     return counter.get_total_flops() / sizes.batch_size
 
 
-def resolve_device(requested: str) -> torch.device:
-    """The device to run on, with its index: APIs such as set_per_process_memory_fraction
-    refuse a CUDA device without one."""
-    if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise Unsupported("device cuda requested but torch sees no CUDA device")
-    device = torch.device(requested)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def torch_version() -> tuple[int, int]:
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
 def _inject_fault(fault: str) -> None:
     """Faults for testing the suite itself; recorded in the cell spec, never silent."""
     if fault == "error":
@@ -539,28 +487,6 @@ def _inject_fault(fault: str) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    # Writing 5 to clear_refs resets the kernel's peak RSS (VmHWM) to the current RSS.
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5", encoding="ascii")
-
-
-def _peak_memory(device: torch.device) -> tuple[int | None, str]:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "cuda_allocator_peak"
-    try:
-        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * KIB, "process_peak_rss"
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB, "process_peak_rss"
 
 
 def _describe(exc: BaseException, spec: CellSpec) -> str:
