@@ -664,3 +664,19 @@ def test_cli_reports_bad_input_in_one_line(tmp_path: Path, problem: str) -> None
     assert result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
+
+
+def test_list_and_mapping_metrics_are_one_text_cell_of_runs() -> None:
+    from ptspeed.analysis.columns import typed_runs
+    from ptspeed.analysis.records import metric_cell
+
+    assert metric_cell(["graph break in f", "data-dependent"]) == (
+        "graph break in f; data-dependent"
+    )
+    assert metric_cell({"dynamo": 1.23456, "inductor": 2}) == "dynamo=1.23; inductor=2"
+    assert metric_cell([]) == "" and metric_cell(3.5) == 3.5
+    row = {column: None for column in RUNS_COLUMNS}
+    row.update(graph_break_reasons="a; b", compile_time_by_phase_s="dynamo=1.23")
+    runs = typed_runs(pd.DataFrame([row], columns=RUNS_COLUMNS))
+    assert runs.loc[0, "graph_break_reasons"] == "a; b"
+    assert runs.loc[0, "compile_time_by_phase_s"] == "dynamo=1.23"

@@ -180,7 +180,13 @@ _INT_COLUMNS = [
     "batch_size_per_process",
     *CONDITION_INT_COLUMNS,
 ]
-_TEXT_METRICS = [name for name, kind in _METRIC_TYPES.items() if kind == "str"]
+# Lists and mappings of a record's metrics (graph-break reasons, compile time by phase) are
+# written as one text cell (ptspeed.analysis.records.metric_cell).
+_TEXT_METRICS = [
+    name
+    for name, kind in _METRIC_TYPES.items()
+    if kind == "str" or kind.startswith(("list", "dict"))
+]
 _FLOAT_COLUMNS = [
     "timeout_s",
     *(c for c in METRIC_COLUMNS if c not in (*_INT_COLUMNS, *_TEXT_METRICS)),

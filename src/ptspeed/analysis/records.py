@@ -145,7 +145,7 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
         **{column: cell.get(name) for name, column in zip(CELL_FIELDS, CELL_COLUMNS, strict=True)},
         "status": data["status"],
         "reason": data.get("reason", ""),
-        **{key: metrics.get(key) for key in METRIC_COLUMNS},
+        **{key: metric_cell(metrics.get(key)) for key in METRIC_COLUMNS},
         **{f"numerics_{key}": numerics.get(key) for key in NUMERICS_FIELDS},
         "late_check": recorded_late_check(_recorded_loss(data.get("metrics") or {})),
         **{key: provenance.get(key) for key in PROVENANCE_COLUMNS if key not in PACKAGE_COLUMNS},
@@ -154,6 +154,19 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
         "duration_s": data.get("duration_s"),
         **{key: conditions.get(key) for key in CONDITION_COLUMNS},
     }
+
+
+def metric_cell(value: Any) -> Any:
+    """A metric as one cell of runs.csv: a list joined with "; ", a mapping as "key=value"
+    pairs (numbers to 3 significant digits); scalars as they are."""
+    if isinstance(value, list):
+        return "; ".join(map(str, value))
+    if isinstance(value, dict):
+        return "; ".join(
+            f"{key}={item:.3g}" if isinstance(item, float) else f"{key}={item}"
+            for key, item in value.items()
+        )
+    return value
 
 
 def flatten_record(record: Record) -> dict[str, Any]:
