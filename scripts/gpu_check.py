@@ -32,7 +32,7 @@ from ptspeed.cell.arguments import to_arguments  # noqa: E402
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason  # noqa: E402
 from ptspeed.cell.record import CellSpec, read_record  # noqa: E402
 from ptspeed.envs.venvs import venv_dir, venv_python  # noqa: E402
-from ptspeed.models import REGISTRY  # noqa: E402
+from ptspeed.models import REGISTRY, get_model  # noqa: E402
 
 CONFIG = ROOT / "config" / "config.yaml"
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -52,6 +52,7 @@ class CheckedPath:
     fault: str = ""
     expect: str = "ok"  # what it ends as where the torch version and device can run it
     devices: tuple[str, ...] = ("cuda", "cpu")
+    since: tuple[int, int] = (0, 0)  # older torch versions record it unsupported
 
 
 PATHS = (
@@ -67,6 +68,10 @@ PATHS = (
     CheckedPath("pin + loader", "mlp", "loader=2+pin"),
     CheckedPath("tf32 on", "resnet50", "tf32=on", batch_size=2),
     CheckedPath("cudnn_benchmark", "resnet50", "cudnn_benchmark", batch_size=2),
+    CheckedPath("jit script", "mlp", "jit=script"),
+    CheckedPath("jit trace", "resnet50", "jit=trace", batch_size=2),
+    CheckedPath("attn sdpa", "bert-base", "attn=sdpa", batch_size=2, since=(2, 1)),
+    CheckedPath("prefetch", "mlp", "loader=2+pin+prefetch"),
     CheckedPath("ddp, 1 process", "mlp", "ddp+procs=1"),
     CheckedPath("fsdp, 1 process", "resnet50", "fsdp+procs=1", batch_size=2),
     CheckedPath(
@@ -138,9 +143,12 @@ def expected_status(
 ) -> str:
     knobs = parse_knobs(path.knobs)
     image_model = "image_size" in REGISTRY[path.model].uses
-    return (
-        "unsupported" if unsupported_reason(knobs, device, torch, py, image_model) else path.expect
-    )
+    attention_model = get_model(path.model).attention is not None
+    if torch < path.since or unsupported_reason(
+        knobs, device, torch, py, image_model, attention_model
+    ):
+        return "unsupported"
+    return path.expect
 
 
 def run_path(

@@ -17,7 +17,8 @@ from torch.nn import functional
 from transformers.utils import is_torch_sdpa_available
 
 from ptspeed.cell import steps
-from ptspeed.cell.harness import run_cell, torch_version
+from ptspeed.cell.device import torch_version
+from ptspeed.cell.harness import run_cell
 from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import Record
 from ptspeed.launch.watchdog import run_cell_in_worker

@@ -14,11 +14,13 @@ import pytest
 import torch
 from test_harness import tiny_cell
 
-from ptspeed.cell import device, harness, numerics, provenance, reference
-from ptspeed.cell.harness import WarmupPlan, resolve_device, run_cell, use_compiler_cache
+from ptspeed.cell import device, harness, numerics, provenance, reference, warmup
+from ptspeed.cell.device import resolve_device, use_compiler_cache
+from ptspeed.cell.harness import run_cell
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec
 from ptspeed.cell.steps import Step
+from ptspeed.cell.warmup import WarmupPlan
 from ptspeed.errors import BadInput
 
 # --- one-off work of a knob ends before the measured window -------------------------------
@@ -65,7 +67,7 @@ def test_a_capture_on_the_fourth_call_ends_before_the_measured_window(
 
 def test_a_step_that_still_compiles_extends_the_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
     compiled = iter([0, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3])  # steps 0, 1, 2 compile
-    monkeypatch.setattr(harness, "compile_events", lambda: next(compiled))
+    monkeypatch.setattr(warmup, "compile_events", lambda: next(compiled))
     record = run_cell(tiny_cell("mlp", "loader=0", warmup_steps=1, numerics_steps=1))
     assert record.status == "ok", record.reason
     assert record.metrics.one_off_steps == 3

@@ -51,15 +51,12 @@ from ptspeed.cell.steps import (
     release_memory,
     to_device,
 )
-from ptspeed.cell.timing import CpuTimer, make_timer, timed_loop
+from ptspeed.cell.timing import make_timer, timed_loop
+from ptspeed.cell.warmup import WarmupPlan, warm_up
 from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
 
 WRONG_OUTPUT_SCALE = 1.1
-# A warm-up step that still compiled is followed by more, at most this many beyond the plan.
-MAX_EXTRA_WARMUP_STEPS = 10
-# Check steps GradScaler may skip (fp16 overflow while it finds its scale) before giving up.
-MAX_SCALER_SKIPS = 8
 OUTPUT_FAULTS = ("numerics", "late")  # faults that change a step's returned value
 TRACEBACK_LINES_KEPT = 25
 
@@ -228,7 +225,7 @@ def _measure_variant(
 
     timer = make_timer(torch, device)
     placement.barrier()
-    warmup = _warm_up(plan, run_step, capture, timer, fault)
+    warmup = warm_up(plan, run_step, capture, timer, fault)
     placement.barrier()
     indices = iter(range(warmup.steps_run, warmup.steps_run + spec.measured_steps + 1))
 
@@ -283,96 +280,12 @@ def _wants_check(spec: CellSpec, knobs: Knobs) -> bool:
     return spec.numerics_steps > 0 and not (knobs.is_eager_fp32 and not spec.fault)
 
 
-@dataclass(frozen=True)
-class WarmupPlan:
-    """How the warm-up goes: at least the configured steps; the knob's one-off calls, then the
-    check steps, all before the measured window; more while a step still compiles."""
-
-    planned: int
-    check_from: int
-    check_count: int
-    longest: int
-
-    @classmethod
-    def of(cls, spec: CellSpec, one_off_calls: int, checks: bool) -> WarmupPlan:
-        count = spec.numerics_steps if checks else 0
-        planned = max(spec.warmup_steps, one_off_calls + count, 1)
-        longest = planned + MAX_EXTRA_WARMUP_STEPS + MAX_SCALER_SKIPS
-        return cls(planned, one_off_calls, count, longest)
-
-    @property
-    def checked_until(self) -> int:
-        """Index of the first step after the check steps (where the ``late`` fault starts)."""
-        return self.check_from + self.check_count
-
-
-@dataclass
-class Warmup:
-    first_step_s: float
-    first_loss: float | None
-    wall_s: float
-    steps_run: int
-    one_off_steps: int
-    checks: list[tuple[Snapshot, numerics.StepValues]]
-
-
-def _warm_up(
-    plan: WarmupPlan,
-    run_step: Callable[[int], Any],
-    capture: CheckCapture,
-    timer: CpuTimer,
-    fault: str,
-) -> Warmup:
-    """Run the warm-up: the first step timed on its own, the check steps captured, and extra
-    steps while compilation goes on (a recompilation) or GradScaler skipped a check step."""
-    checks: list[tuple[Snapshot, numerics.StepValues]] = []
-    check_until, planned = plan.checked_until, plan.planned
-    last_compiling, index, first_step_s, first_loss = -1, 0, 0.0, None
-    while index < planned:
-        snapshot = capture.before() if plan.check_from <= index < check_until else None
-        events = compile_events()
-        if index == 0:
-            timer.begin()
-            _inject_fault(fault)
-        output = run_step(index)
-        if index == 0:
-            timer.end()
-            first_step_s = timer.result().wall_s
-            first_loss = _loss_of(output)
-        if compile_events() != events:
-            last_compiling = index
-            planned = max(planned, min(index + 2, plan.planned + MAX_EXTRA_WARMUP_STEPS))
-        if snapshot is not None:
-            values = capture.after(snapshot, output)
-            if values is None and check_until < plan.checked_until + MAX_SCALER_SKIPS:
-                check_until += 1  # GradScaler skipped the step (overflow): check the next
-                planned = max(planned, check_until)
-            elif values is not None:
-                checks.append((snapshot, values))
-        index += 1
-    timer.end()
-    return Warmup(
-        first_step_s=first_step_s,
-        first_loss=first_loss,
-        wall_s=timer.result().wall_s,
-        steps_run=index,
-        one_off_steps=max(1, plan.check_from, last_compiling + 1),
-        checks=checks,
-    )
-
-
 def _checked_step(
     capture: CheckCapture, run_step: Callable[[int], Any], index: int
 ) -> list[tuple[Snapshot, numerics.StepValues]]:
     snapshot = capture.before()
     values = capture.after(snapshot, run_step(index))
     return [] if values is None else [(snapshot, values)]
-
-
-def _loss_of(output: Any) -> float | None:
-    if isinstance(output, torch.Tensor) and output.numel() == 1:
-        return float(output.float().item())
-    return None
 
 
 def faulty_output(output: Any, fault: str, index: int, checked_until: int) -> Any:
@@ -382,16 +295,6 @@ def faulty_output(output: Any, fault: str, index: int, checked_until: int) -> An
     if wrong and isinstance(output, torch.Tensor):
         return output * WRONG_OUTPUT_SCALE
     return output
-
-
-def compile_events() -> int:
-    """How many frames and graphs the compiler has compiled so far in this process (0 where
-    the torch version has no compiler): a change across a step means the step compiled."""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:
-        return 0
-    return sum(counters["frames"].values()) + sum(counters["aot_autograd"].values())
 
 
 def _guarded_numerics(
@@ -468,25 +371,6 @@ def count_flops_per_sample(
         del model, batch
         release_memory(device)
     return counter.get_total_flops() / sizes.batch_size
-
-
-def _inject_fault(fault: str) -> None:
-    """Faults for testing the suite itself; recorded in the cell spec, never silent."""
-    if fault == "error":
-        raise RuntimeError("injected fault: error in the first step")
-    if fault == "oom":
-        raise RuntimeError(
-            "[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory "
-            "(injected fault)"
-        )
-    if fault == "hang":
-        while True:
-            time.sleep(1)
-    if fault == "crash":
-        import os
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _describe(exc: BaseException, spec: CellSpec) -> str:
