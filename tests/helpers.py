@@ -59,6 +59,23 @@ BIN = Path(sys.executable).parent
 PLAN_TIMEOUT_S = 300
 
 TINY_STEPS = {"warmup": 1, "measured": 2, "numerics": 1}
+# Two host environments, mlp, eager: the smallest matrix with a comparison.
+HOSTS: dict[str, Any] = {
+    "device": "cpu",
+    "trials": 2,
+    "threads": 1,
+    "steps": TINY_STEPS,
+    "environments": {"host": {"kind": "host"}, "host-b": {"kind": "host"}},
+    "models": {"mlp": {"cpu": {"batch_size": 16}}},
+    "variants": {"eager": "eager"},
+    "comparisons": {
+        "two-hosts": {
+            "title": "host → host-b",
+            "baseline": {"env": "host", "variant": "eager"},
+            "candidate": {"env": "host-b", "variant": "eager"},
+        }
+    },
+}
 
 # --- Snakemake ---
 

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from helpers import CLAIMS, ROOT, SRC, run_aggregate_script
+from helpers import CLAIMS, HOSTS, ROOT, SRC, run_aggregate_script
 
 from ptspeed.analysis import ranks
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE, read_table
@@ -146,22 +146,13 @@ def test_the_report_says_so_at_the_top_when_most_trials_were_perturbed() -> None
 BURNERS_PER_CPU = 8
 BURNED = {("host", 1), ("host-b", 2)}
 RUN: dict[str, Any] = {
-    "device": "cpu",
+    **HOSTS,
     "trials": 4,
     "threads": 2,
     # 120 steps of mlp at batch 32: a window of 0.6-25 s on the 2-core machine (quiet to load
     # average 9), long enough for /proc/stat's 10 ms ticks.
     "steps": {"warmup": 2, "measured": 120, "numerics": 0},
-    "environments": {"host": {"kind": "host"}, "host-b": {"kind": "host"}},
     "models": {"mlp": {"cpu": {"batch_size": 32}}},
-    "variants": {"eager": "eager"},
-    "comparisons": {
-        "two-hosts": {
-            "title": "host → host-b",
-            "baseline": {"env": "host", "variant": "eager"},
-            "candidate": {"env": "host-b", "variant": "eager"},
-        }
-    },
 }
 
 

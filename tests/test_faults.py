@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers import (
+    HOSTS,
     ROOT,
     TINY_CELL,
     TINY_STEPS,
@@ -60,23 +61,6 @@ HANG_LIMIT_S = (
 CELL_JOB = re.compile(r"^\s*(?:local)?rule cell:", re.MULTILINE)
 WILL_EXIT = "Will exit after finishing currently running jobs"
 TWO_JOBS_DONE = re.compile(r"^2 of \d+ steps \(\d+%\) done", re.MULTILINE)
-
-HOSTS: dict[str, Any] = {
-    "device": "cpu",
-    "trials": 2,
-    "threads": 1,
-    "steps": TINY_STEPS,
-    "environments": {"host": {"kind": "host"}, "host-b": {"kind": "host"}},
-    "models": {"mlp": {"cpu": {"batch_size": 16}}},
-    "variants": {"eager": "eager"},
-    "comparisons": {
-        "two-hosts": {
-            "title": "host → host-b",
-            "baseline": {"env": "host", "variant": "eager"},
-            "candidate": {"env": "host-b", "variant": "eager"},
-        }
-    },
-}
 
 
 def record_path(results: Path, env: str, trial: int, size: str = "b16") -> Path:
