@@ -20,6 +20,7 @@ include: "workflow/rules/envs.smk"
 include: "workflow/rules/images.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/reruns.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -1,30 +1,23 @@
 """Perturbed trials: each trial's conditions (cell/conditions.py), their judgement
 (analysis/conditions.py), and a real run that a CPU burner perturbs on purpose.
 
-The real run: two host environments x mlp x 4 trials, each cell run as the workflow runs it
-(``python -m ptspeed cell`` with the matrix's arguments, the worker in its own session), with
-a burner (8 spinning processes per CPU, each in its own session) around two chosen trials;
-aggregation must mark exactly those perturbed and compute the speedup from the quiet trials
-alone.
+The real run: the workflow on two host environments x mlp x 4 trials, with a noisy neighbour
+(the ``neighbour`` fault: 8 spinning processes per CPU) beside the measured window of two
+chosen trials; the tables must mark exactly those perturbed, the workflow must rerun them once
+(quiet, as new records beside the old), and the speedup must come from the quiet trials.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 import torch
-import yaml
-from helpers import CLAIMS, HOSTS, ROOT, SRC, run_aggregate_script
+from helpers import HOSTS, ROOT, snakemake, write_config
 
 from ptspeed.analysis import ranks
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE, read_table
@@ -34,10 +27,10 @@ from ptspeed.analysis.conditions import (
     perturbed_counts,
     settings,
 )
+from ptspeed.analysis.reruns import rerun_columns, rerun_count, reruns_due, trial_limit
 from ptspeed.cell import conditions
-from ptspeed.cell.arguments import to_arguments
+from ptspeed.cell.faults import FAULTS_VARIABLE, NEIGHBOUR
 from ptspeed.plan.config import fill_defaults, load_schema
-from ptspeed.plan.matrix import cell_spec, cells
 
 # --- the cell's samples --------------------------------------------------------------------------
 
@@ -141,73 +134,86 @@ def test_the_report_says_so_at_the_top_when_most_trials_were_perturbed() -> None
     assert sentence.startswith("Most trials of this run were perturbed (2 of 3 judged trials")
 
 
+# --- reruns ---------------------------------------------------------------------------------------
+
+CELL_DIR = "records/host/mlp/eager/train/b32"
+
+
+def judged_trials(*perturbed_trials: int, trials: int = 8) -> pd.DataFrame:
+    """Judged runs of trials 0 .. trials-1 of one cell, those named perturbed."""
+    rows = [
+        {"record_path": f"results/{CELL_DIR}/trial{t}.json", "trial": t,
+         **({"other_cpu_s": 3.8} if t in perturbed_trials else {})}
+        for t in range(trials)
+    ]  # fmt: skip
+    return judged(*rows)
+
+
+def test_each_perturbed_trial_of_a_round_is_run_again_as_the_next_rounds_trial() -> None:
+    config = {"trials": 3, "conditions": {"reruns": 2}}
+    runs = judged_trials(1, 2, 4, trials=6)  # round 0: trials 0-2; round 1: 3-5
+    assert [c.path for c in reruns_due(runs, config, 0)] == [
+        f"{CELL_DIR}/trial4.json",
+        f"{CELL_DIR}/trial5.json",
+    ]
+    assert [c.trial for c in reruns_due(runs, config, 1)] == [7]  # trial 4 = trial 1's rerun
+    assert reruns_due(runs, config, 2) == []  # its reruns used up
+
+
+def test_no_reruns_when_the_config_says_none() -> None:
+    assert (
+        reruns_due(judged_trials(0, 1, trials=2), {"trials": 2, "conditions": {"reruns": 0}}, 0)
+        == []
+    )
+
+
+def test_the_tables_tell_a_rerun_from_the_trial_it_repeats() -> None:
+    runs = rerun_columns(judged_trials(trials=7), {"trials": 3})
+    assert runs["attempt"].tolist() == [0, 0, 0, 1, 1, 1, 2]
+    assert runs["rerun_of"].tolist()[:3] == [pd.NA] * 3
+    assert runs["rerun_of"].tolist()[3:] == [0, 1, 2, 0]
+    assert rerun_count(runs["attempt"]) == 4
+    assert trial_limit({"trials": 3, "conditions": {"reruns": 2}}) == 9
+
+
 # --- a real run, perturbed on purpose ------------------------------------------------------------
 
-BURNERS_PER_CPU = 8
 BURNED = {("host", 1), ("host-b", 2)}
+TRIALS = 4
 RUN: dict[str, Any] = {
     **HOSTS,
-    "trials": 4,
+    "trials": TRIALS,
     "threads": 2,
     # 120 steps of mlp at batch 32: a window of 0.6-25 s on the 2-core machine (quiet to load
     # average 9), long enough for /proc/stat's 10 ms ticks.
     "steps": {"warmup": 2, "measured": 120, "numerics": 0},
     "models": {"mlp": {"cpu": {"batch_size": 32}}},
 }
-
-
-SPIN = "while True: pass"
-
-
-@contextmanager
-def cpu_burner(processes: int) -> Iterator[None]:
-    """``processes`` processes spinning on the CPU while the block runs, each in a session of
-    its own: with the kernel's autogroup scheduling (CONFIG_SCHED_AUTOGROUP) a session shares
-    the CPU as one group, so burners in one session would take no more than one other job."""
-    burners = [
-        subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
-        for _ in range(processes)
-    ]
-    try:
-        time.sleep(2.0)  # every burner spinning before the cell starts
-        yield
-    finally:
-        for burner in burners:
-            burner.kill()
-        for burner in burners:
-            burner.wait()
-
-
-def run_cell(config: dict[str, Any], cell: Any) -> None:
-    spec = cell_spec(config, cell, "cpu", config["threads"])
-    out = Path(config["results"]) / cell.path
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    command = [sys.executable, "-m", "ptspeed", "cell", *to_arguments(spec), "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+# Each burned trial's rerun: the next round's trial number.
+RERUNS = {(env, trial + TRIALS) for env, trial in BURNED}
+# Ten cells of 20-40 s, two rerun, and Snakemake's jobs on the 2-core machine at load
+# average 10-17: about 10 minutes.
+RUN_TIMEOUT_S = 1800
 
 
 @pytest.fixture(scope="module")
-def perturbed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pd.DataFrame]:
+def perturbed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The workflow run on RUN, a noisy neighbour (the ``neighbour`` fault: 8 spinning
+    processes per CPU, each in its own session) beside the measured window of the BURNED
+    trials."""
     directory = tmp_path_factory.mktemp("perturbed")
-    config = {**RUN, "results": str(directory / "results")}
-    fill_defaults(config, load_schema())
-    for cell in cells(config, "cpu"):  # baseline and candidate trials alternate, as in a run
-        if (cell.env, cell.trial) in BURNED:
-            with cpu_burner(BURNERS_PER_CPU * (os.cpu_count() or 1)):
-                run_cell(config, cell)
-        else:
-            run_cell(config, cell)
-    for name, data in (("config", config), ("claims", CLAIMS)):
-        (directory / f"{name}.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
-    records = sorted(str(p) for p in Path(config["results"]).rglob("trial*.json"))
-    out = directory / "tables"
-    done = run_aggregate_script(
-        "--config", str(directory / "config.yaml"), "--claims", str(directory / "claims.yaml"),
-        "--records", *records, "--out-dir", str(out),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return {name: read_table(out / f"{name}.csv") for name in ("runs", "summary", "speedups")}
+    config_file = write_config(directory, RUN)
+    faults = ",".join(f"{env}/mlp/eager/train/{trial}={NEIGHBOUR}" for env, trial in BURNED)
+    environ = {**os.environ, FAULTS_VARIABLE: faults}
+    done = snakemake("--configfile", str(config_file), env=environ, timeout=RUN_TIMEOUT_S - 60)
+    assert done.returncode == 0, done.stdout[-4000:]
+    results = directory / "results"
+    tables = {name: read_table(results / "tables" / f"{name}.csv") for name in TABLES}
+    report = (results / "report" / "report.md").read_text(encoding="utf-8")
+    return {**tables, "report": report, "results": results}
+
+
+TABLES = ("runs", "summary", "speedups")
 
 
 def _shares(runs: pd.DataFrame) -> str:
@@ -220,20 +226,17 @@ def _shares(runs: pd.DataFrame) -> str:
     )
 
 
-# Eight cells of 20-40 s and two burned ones of about 2 minutes on the 2-core machine at load
-# average 10-17: about 10 minutes.
-RUN_TIMEOUT_S = 1800
+def _trials(runs: pd.DataFrame) -> set[tuple[str, int]]:
+    return {(env, int(trial)) for env, trial in runs[["env", "trial"]].itertuples(index=False)}
 
 
 @pytest.mark.slow
+@pytest.mark.workflow
 @pytest.mark.timeout(RUN_TIMEOUT_S)
-def test_a_burner_marks_exactly_the_trials_it_ran_beside(
-    perturbed_run: dict[str, pd.DataFrame],
-) -> None:
+def test_a_neighbour_marks_exactly_the_trials_it_ran_beside(perturbed_run: dict[str, Any]) -> None:
     runs = perturbed_run["runs"]
     assert set(runs["status"]) == {"ok"}
-    flagged = {(env, int(t)) for env, t, p in runs[["env", "trial", "perturbed"]].values if p}
-    assert flagged == BURNED, _shares(runs)
+    assert _trials(runs[runs["perturbed"].astype(bool)]) == BURNED, _shares(runs)
     burned = runs[runs["perturbed"].astype(bool)]
     assert burned["perturbed_reason"].str.startswith("other processes").all()
     summary = perturbed_run["summary"].set_index("env")
@@ -242,22 +245,42 @@ def test_a_burner_marks_exactly_the_trials_it_ran_beside(
 
 
 @pytest.mark.slow
+@pytest.mark.workflow
 @pytest.mark.timeout(RUN_TIMEOUT_S)
-def test_the_speedup_is_that_of_the_quiet_trials(perturbed_run: dict[str, pd.DataFrame]) -> None:
+def test_the_workflow_reruns_each_perturbed_trial_once_beside_it(
+    perturbed_run: dict[str, Any],
+) -> None:
+    runs = perturbed_run["runs"]
+    configured = {(env, trial) for env in ("host", "host-b") for trial in range(TRIALS)}
+    assert _trials(runs) == configured | RERUNS  # the old records stay
+    reruns = runs[runs["attempt"] == 1]
+    assert _trials(reruns) == RERUNS
+    assert {(env, int(of) + TRIALS) for env, of in reruns[["env", "rerun_of"]].values} == RERUNS
+    assert not reruns["perturbed"].astype(bool).any(), _shares(runs)  # quiet: no second round
+    assert runs.loc[runs["attempt"] == 0, "rerun_of"].isna().all()
+    rounds = sorted(p.name for p in (perturbed_run["results"] / "reruns").iterdir())
+    assert rounds == ["round0.json", "round1.json"]
+    assert perturbed_run["summary"].set_index("env")["reruns"].to_dict() == {"host": 1, "host-b": 1}
+    assert "1 rerun" in perturbed_run["report"]
+
+
+@pytest.mark.slow
+@pytest.mark.workflow
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_the_speedup_is_that_of_the_quiet_trials(perturbed_run: dict[str, Any]) -> None:
     runs = perturbed_run["runs"]
     quiet = runs[~runs["perturbed"].astype(bool)]
     rates = {
         env: quiet.loc[quiet["env"] == env, "throughput_samples_per_s"].tolist()
         for env in ("host", "host-b")
     }
+    assert [len(rates[env]) for env in ("host", "host-b")] == [TRIALS, TRIALS]  # reruns count
     expected = ranks.speedup(rates["host"], rates["host-b"], CONFIDENCE, ALPHA)
     [row] = perturbed_run["speedups"].to_dict("records")
-    assert (row["baseline_trials"], row["candidate_trials"]) == (3, 3)
+    assert (row["baseline_trials"], row["candidate_trials"]) == (TRIALS, TRIALS)
     assert (row["baseline_perturbed_trials"], row["candidate_perturbed_trials"]) == (1, 1)
+    assert (row["baseline_reruns"], row["candidate_reruns"]) == (1, 1)
     assert math.isclose(row["speedup"], expected.columns("speedup")["speedup"], rel_tol=1e-9)
-    assert math.isclose(
-        row["baseline_samples_per_s"], sorted(rates["host"])[1], rel_tol=1e-9
-    )  # the median of the 3 quiet trials
 
 
 def test_the_test_config_is_valid() -> None:

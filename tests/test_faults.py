@@ -389,12 +389,21 @@ PATH_CELL = cell_from_path("r/records/host/mlp/eager/train/b16/trial0.json")
         ({"device": "cuda"}, "device cuda, the config's cpu"),
         ({"env": "host-b"}, "its path names host/mlp/eager/train/b16-i224-s128/trial0 but it"),
         ({"variant": "compile", "knobs": "compile"}, "host/compile is not compared in the config"),
-        ({"trial": 5}, "trial 5 is outside the config's 2 trials"),
+        ({"trial": 6}, "trial 6 is outside the config's 2 trials and their 2 reruns"),
     ],
 )  # fmt: skip
 def test_stale_reason(changes: dict[str, Any], reason: str) -> None:
     found = stale_reason(host_cell(**changes), PATH_CELL, STALE_CONFIG)
     assert reason in found if reason else found == ""
+
+
+def test_a_rerun_of_a_perturbed_trial_is_a_trial_of_the_matrix() -> None:
+    """Trial 5 is the second rerun of trial 1 (2 trials, conditions.reruns 2 by default)."""
+    rerun = host_cell(trial=5)
+    assert stale_reason(rerun, {**PATH_CELL, "trial": 5}, STALE_CONFIG) == ""
+    no_reruns = {**STALE_CONFIG, "conditions": {"reruns": 0}}
+    found = stale_reason(rerun, {**PATH_CELL, "trial": 5}, no_reruns)
+    assert found == "trial 5 is outside the config's 2 trials and their 0 reruns"
 
 
 def test_a_model_size_the_model_does_not_use_is_not_a_misplacement() -> None:

@@ -154,6 +154,7 @@ def expected_summary_table(summary: pd.DataFrame) -> list[list[str]]:
             format_fraction_as_percent(row["cv"]),
             "yes" if row["noisy"] else "",
             expected_perturbed(row),
+            format_int(row["reruns"]),
             format_seconds(row["median_first_step_s"]),
             format_compile_time(
                 row["compile_time_s"], row["compile_time_cold_s"], row["compile_time_warm_s"]
@@ -278,6 +279,7 @@ def test_summary_rows_for_the_fixture(markdown: str, tables: dict[str, pd.DataFr
         "12.9%",
         "yes",
         "0",  # no trial recorded conditions: none perturbed
+        "0",  # and none rerun
         "2.50 s",
         "0.00 s",  # torch-2.0 eager's first steps: 2.0 and 3.0 s, as compile's
         "100.5 MiB",
@@ -607,7 +609,7 @@ def test_explicit_templates_dir(tmp_path: Path, tables: dict[str, pd.DataFrame])
     (templates / "index.html.j2").write_text("<p>{{ sections | length }}</p>\n")
     (templates / "report.md.j2").write_text("{{ sections[0].title }}\n")
     render_tables(tables, tmp_path / "out", templates_dir=templates)
-    assert (tmp_path / "out" / "index.html").read_text() == "<p>7</p>\n"
+    assert (tmp_path / "out" / "index.html").read_text() == "<p>8</p>\n"
     with pytest.raises(FileNotFoundError, match="no report templates"):
         render_tables(tables, tmp_path / "out", templates_dir=tmp_path / "nowhere")
 

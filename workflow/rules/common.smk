@@ -1,3 +1,4 @@
+import json
 import os
 import shlex
 import sys
@@ -20,6 +21,7 @@ from ptspeed.envs.realise import Realisation
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.knobs import parse_knobs
 from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, wildcard_constraints
+from ptspeed.plan.layout import NUMBER
 from ptspeed.plan.matrix import (
     cell_command_line,
     cells,
@@ -82,13 +84,33 @@ wildcard_constraints:
 
 
 def record_paths(wildcards):
-    """Every record of the matrix. An input function rather than a list: Snakemake maps each
-    input file to the item it came from and hashes that item per file, which for a
-    2,000-file list is quadratic (seconds of DAG building)."""
-    return RECORD_PATHS
+    """Every record of the matrix, reruns of perturbed trials included. An input function
+    rather than a list: Snakemake maps each input file to the item it came from and hashes
+    that item per file, which for a 2,000-file list is quadratic (seconds of DAG building).
+    """
+    return RECORD_PATHS + reruns_before(MAX_RERUNS)
+
+
+def judged_records(wildcards):
+    """What round ``attempt``'s judgement reads: every record of rounds 0 to ``attempt``."""
+    return RECORD_PATHS + reruns_before(int(wildcards.attempt))
+
+
+def reruns_before(attempt):
+    """The records of the reruns the judgements of rounds before ``attempt`` asked for; a
+    round that asked for none ends the reruns."""
+    paths = []
+    for earlier in range(attempt):
+        listed = checkpoints.judge_trials.get(attempt=earlier).output[0]
+        reruns = json.loads(Path(listed).read_text(encoding="utf-8"))["reruns"]
+        if not reruns:
+            break
+        paths.extend(f"{RESULTS}/{path}" for path in reruns)
+    return paths
 
 
 RECORD_PATHS = [f"{RESULTS}/{cell.path}" for cell in CELLS]
+MAX_RERUNS = config["conditions"]["reruns"]
 
 
 def in_apptainer():

@@ -37,6 +37,7 @@ from ptspeed.analysis.columns import CELL_KEYS, RUNS_COLUMNS, STEPS_COLUMNS, typ
 from ptspeed.analysis.conditions import judge_runs
 from ptspeed.analysis.late_numerics import check_late_losses
 from ptspeed.analysis.records import read_row, step_rows
+from ptspeed.analysis.reruns import rerun_columns
 
 
 def load_tables(
@@ -63,7 +64,7 @@ def load_tables(
         if row["status"] == "ok":
             steps.extend(step_rows(row, step_times))
     runs = check_late_losses(typed_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS)))
-    runs = judge_runs(runs, config)
+    runs = rerun_columns(judge_runs(runs, config), config)
     steps = typed_steps(pd.DataFrame(steps, columns=STEPS_COLUMNS))
     return runs, _steps_of_ok_trials(steps, runs)
 

@@ -27,6 +27,7 @@ from ptspeed.analysis.conditions import (
     JUDGEMENT_COLUMNS,
 )
 from ptspeed.analysis.late_numerics import LATE_COLUMNS
+from ptspeed.analysis.reruns import RERUN_COLUMNS
 from ptspeed.analysis.staleness import STALE
 from ptspeed.cell.record import STATUSES, CellSpec, Metrics
 from ptspeed.plan.layout import SIZE_KEYS
@@ -90,6 +91,7 @@ RUNS_COLUMNS = [
     "duration_s",
     *CONDITION_COLUMNS,
     *JUDGEMENT_COLUMNS,
+    *RERUN_COLUMNS,
 ]
 
 CELL_KEYS = ["env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
@@ -118,6 +120,7 @@ SUMMARY_COLUMNS = [
     "retried_from_batch_size",
     "perturbed_trials",
     "perturbed_reasons",
+    "reruns",
 ]
 # Each column of the speedups table and whether it holds text (the rest are numbers).
 _SPEEDUP_COLUMN_IS_TEXT = {
@@ -138,6 +141,8 @@ _SPEEDUP_COLUMN_IS_TEXT = {
     "candidate_statuses": True,
     "baseline_perturbed_trials": False,
     "candidate_perturbed_trials": False,
+    "baseline_reruns": False,
+    "candidate_reruns": False,
     "speedup": False,
     "speedup_low": False,
     "speedup_high": False,
@@ -172,6 +177,8 @@ _INT_COLUMNS = [
     "numerics_steps",
     "threads",
     "retried_from_batch_size",
+    "attempt",
+    "rerun_of",
     "peak_memory_bytes",
     "device_index",
     "cpu_count",

@@ -293,6 +293,7 @@ def _side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
         f"{prefix}_perturbed_trials": int(row.get("perturbed_trials") or 0)
         if row is not None
         else 0,
+        f"{prefix}_reruns": int(row.get("reruns") or 0) if row is not None else 0,
     }
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ptspeed.analysis.reruns import max_reruns, trial_limit
 from ptspeed.models import REGISTRY
 from ptspeed.plan.layout import (
     CELL_PATTERN,
@@ -79,8 +80,11 @@ def _outside_matrix(cell: Mapping[str, Any], config: Mapping[str, Any]) -> list[
     if isinstance(modes, list) and cell.get("mode") not in modes:
         problems.append(f"mode {cell.get('mode')} is not in the config's modes")
     trials, trial = config.get("trials"), cell.get("trial")
-    if _is_int(trials) and _is_int(trial) and not 0 <= trial < trials:
-        problems.append(f"trial {trial} is outside the config's {trials} trials")
+    if _is_int(trials) and _is_int(trial) and not 0 <= trial < trial_limit(config):
+        reruns = max_reruns(config)
+        problems.append(
+            f"trial {trial} is outside the config's {trials} trials and their {reruns} reruns"
+        )
     return problems
 
 

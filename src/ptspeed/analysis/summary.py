@@ -27,6 +27,7 @@ from ptspeed.analysis.columns import (
     UNREADABLE,
 )
 from ptspeed.analysis.conditions import perturbed_counts
+from ptspeed.analysis.reruns import rerun_count
 from ptspeed.analysis.staleness import STALE
 
 
@@ -76,6 +77,7 @@ _SUMMARY_INPUTS = [
     "compiler_cache",
     "perturbed",
     "perturbed_reason",
+    "attempt",
 ]
 COMPILER_CACHES = ("cold", "warm")
 
@@ -153,6 +155,7 @@ def _cell_stats(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
             str(int(v)) for v in dict.fromkeys(_finite_numbers(trials["retried_from_batch_size"]))
         ),
         **perturbed_counts(trials["perturbed"][ok], trials["perturbed_reason"][ok]),
+        "reruns": rerun_count(trials["attempt"]),
     }
 
 

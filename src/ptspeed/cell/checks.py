@@ -26,6 +26,7 @@ FAULTS = (
     "oom-once",
     "rank-error",
     "rank-crash",
+    "neighbour",
 )
 RANK_FAULTS = ("rank-error", "rank-crash")  # the last rank of a ddp/fsdp cell raises or dies
 MAX_STEPS = 100_000

@@ -14,14 +14,21 @@ Faults (``ptspeed.cell.checks.FAULTS``): ``error``, ``oom`` (a simulated out-of-
 first step), ``hang``, ``crash`` (the worker kills itself), ``numerics`` (a wrong output in every
 step), ``grad`` (gradients doubled after every backward pass), ``skip-step`` (the first optimizer
 step skipped), ``late`` (a wrong output only after the checked steps, for the aggregation's check
-of the last loss) and ``oom-once``: out of memory in the first attempt only, so that a retry at
-half the batch size (``--oom-retry``) succeeds.
+of the last loss), ``oom-once``: out of memory in the first attempt only, so that a retry at
+half the batch size (``--oom-retry``) succeeds, and ``neighbour``: a noisy neighbour, processes
+spinning on every CPU of the node through the measured window (:func:`noisy_neighbours`), so
+that the trial is really perturbed.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from ptspeed.cell.checks import FAULTS
 from ptspeed.cell.record import CellSpec
@@ -29,6 +36,10 @@ from ptspeed.errors import BadInput
 
 FAULTS_VARIABLE = "PTSPEED_FAULTS"
 OOM_ONCE = "oom-once"
+NEIGHBOUR = "neighbour"
+# Spinning processes per CPU of a noisy neighbour: enough to take most of each CPU from a cell.
+NEIGHBOURS_PER_CPU = 8
+SPIN = "while True: pass"
 SELECTOR_FIELDS = ("env", "model", "variant", "mode", "trial")
 _PART = r"(?:\*|[A-Za-z0-9][A-Za-z0-9._-]*)"
 _ENTRY = re.compile(rf"({_PART}(?:/{_PART}){{4}})=([a-z-]+)")
@@ -66,3 +77,23 @@ def fault_of_attempt(fault: str, attempt: int) -> str:
     if fault == OOM_ONCE:
         return "oom" if attempt == 1 else ""
     return fault
+
+
+@contextmanager
+def noisy_neighbours(processes: int = 0) -> Iterator[None]:
+    """``processes`` processes (default: :data:`NEIGHBOURS_PER_CPU` per CPU of the node)
+    spinning on the CPU while the block runs, each in a session of its own: with the kernel's
+    autogroup scheduling (CONFIG_SCHED_AUTOGROUP) a session shares the CPU as one group, so
+    spinners in one session would take no more than one other job."""
+    count = processes or NEIGHBOURS_PER_CPU * (os.cpu_count() or 1)
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(count)
+    ]
+    try:
+        time.sleep(2.0)  # every spinner spinning before the block starts
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()

@@ -12,6 +12,7 @@ status, never a crash.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -32,6 +33,7 @@ from ptspeed.cell.device import (
     torch_version,
     use_compiler_cache,
 )
+from ptspeed.cell.faults import NEIGHBOUR, noisy_neighbours
 from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_reason
 from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
@@ -234,9 +236,11 @@ def _measure_variant(
             return run_step(next(indices))
         return step(next_batch())  # nothing else on the timed path of a real cell
 
-    window = conditions.begin(device)  # samples outside the timed loop, at both ends
-    timing, last_output = timed_loop(make_timer(torch, device), measured_step, spec.measured_steps)
-    window_conditions = window.end()
+    with noisy_neighbours() if fault == NEIGHBOUR else contextlib.nullcontext():
+        window = conditions.begin(device)  # samples outside the timed loop, at both ends
+        timer = make_timer(torch, device)
+        timing, last_output = timed_loop(timer, measured_step, spec.measured_steps)
+        window_conditions = window.end()
     memory_bytes, memory_kind = peak_memory(device)
     checks = warmup.checks
     if plan.check_count:

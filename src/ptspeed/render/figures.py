@@ -197,6 +197,66 @@ def cell_dots(summary: pd.DataFrame, spec: DotSpec) -> Chart | None:
     return Chart(spec.alt, _data_uri(figure), note)
 
 
+# --- drift over the run ---------------------------------------------------------------------------
+
+DRIFT_HEIGHT_IN = 2.4
+SIDES = ("baseline", "candidate")
+
+
+def drift_plot(runs: pd.DataFrame, comparison: Mapping[str, Any]) -> Chart | None:
+    """Each ok trial of a comparison's two sides at the minute its measured window started
+    (from the run's first), its throughput relative to the median of its model's baseline
+    trials: a machine that drifts shows as a slope, a perturbed trial (cross) as an outlier."""
+    frame = _drift_points(runs, comparison)
+    if frame.empty:
+        return None
+    colours = dict(zip(SIDES, sns.color_palette("colorblind", 2), strict=True))
+    with sns.axes_style("whitegrid"):
+        figure = Figure(figsize=(WIDTH_IN, DRIFT_HEIGHT_IN), dpi=DPI)
+        FigureCanvasAgg(figure)
+        ax = figure.add_subplot()
+    sns.lineplot(data=frame, x="_minute", y="_relative", hue="_side", units="model",
+                 estimator=None, palette=colours, linewidth=0.6, alpha=0.5, legend=False,
+                 sort=True, ax=ax)  # fmt: skip
+    sns.scatterplot(data=frame, x="_minute", y="_relative", hue="_side", style="_quiet",
+                    markers={"quiet": "o", "perturbed": "X"}, palette=colours, s=30,
+                    ax=ax)  # fmt: skip
+    ax.legend(fontsize=FONT - 1, loc="best", frameon=False)
+    ax.tick_params(labelsize=FONT)
+    ax.set_xlabel("minutes since the run's first measured window", fontsize=FONT)
+    ax.set_ylabel("throughput / baseline\nmedian (per model)", fontsize=FONT)
+    figure.subplots_adjust(left=0.14, right=0.98, top=0.95, bottom=0.2)
+    alt = (
+        f"Time series of {comparison.get('title') or 'the comparison'}: each ok trial of "
+        "baseline and candidate at its start time, its throughput relative to its model's "
+        "baseline median; perturbed trials as crosses."
+    )
+    return Chart(alt, _data_uri(figure))
+
+
+def _drift_points(runs: pd.DataFrame, comparison: Mapping[str, Any]) -> pd.DataFrame:
+    """The ok trials of both sides with a start time: minute, relative throughput, side."""
+    ok = runs[(runs["status"] == "ok") & np.isfinite(_numbers(runs["window_started_unix_s"]))]
+    parts = []
+    for side in SIDES:
+        spec = comparison[side]
+        chosen = ok[(ok["env"] == spec["env"]) & (ok["variant"] == spec["variant"])]
+        parts.append(chosen.assign(_side=side))
+    frame = pd.concat(parts, ignore_index=True)
+    rates = _numbers(frame["throughput_samples_per_s"])
+    frame = frame.assign(_rate=rates)[rates > 0]
+    if frame.empty:
+        return frame
+    baseline = frame[frame["_side"] == "baseline"].groupby("model")["_rate"].median()
+    start = _numbers(ok["window_started_unix_s"]).min()
+    perturbed = frame["perturbed"].map(lambda v: v is True or str(v).lower() == "true")
+    return frame.assign(
+        _minute=(_numbers(frame["window_started_unix_s"]) - start) / 60.0,
+        _relative=frame["_rate"] / frame["model"].map(baseline),
+        _quiet=np.where(perturbed, "perturbed", "quiet"),
+    ).dropna(subset=["_relative"])
+
+
 # --- step times ----------------------------------------------------------------------------------
 
 

@@ -138,3 +138,8 @@ def format_fraction_as_percent(value: Any) -> str:
 
 def format_flag(value: Any) -> str:
     return "yes" if is_true(value) else ""
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 rerun``, ``2 reruns``, ``0 reruns``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -13,7 +13,7 @@ from ptspeed.analysis import late_numerics, ranks, stats
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE
 from ptspeed.analysis.conditions import settings
 from ptspeed.cell.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
-from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank
+from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank, plural
 from ptspeed.render.page import Block, ReportInputs, Section
 from ptspeed.render.tables import Column, Row, Table, given
 
@@ -232,7 +232,10 @@ def _perturbed_method(config: Mapping[str, Any]) -> str:
         f"SM clock seen was below {rules['min_clock_fraction']:.0%} of its maximum, when a GPU "
         f"throttle reason was active ({throttles}), or when more than "
         f"{rules['max_other_gpu_processes']} other process(es) used its GPU; a perturbed trial "
-        f"stays in runs and the cell statistics, marked, and is {fate}"
+        f"stays in runs and the cell statistics, marked, and is {fate}. Once every trial has "
+        "run, each perturbed one runs again as a new record (trial number + trials), and a "
+        f"rerun judged perturbed again runs again, up to {plural(rules['reruns'], 'time')} "
+        "(conditions.reruns)"
     )
 
 

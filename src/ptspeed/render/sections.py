@@ -22,10 +22,11 @@ from ptspeed.render.figures import (
     PEAK_MEMORY,
     THROUGHPUT,
     cell_dots,
+    drift_plot,
     forest_plot,
     step_time_boxes,
 )
-from ptspeed.render.formatting import BLANK, format_text, is_blank, is_true
+from ptspeed.render.formatting import BLANK, format_text, is_blank, is_true, plural
 from ptspeed.render.method import environments_section, method_section
 from ptspeed.render.page import Block, ReportInputs, Section, chart_block
 from ptspeed.render.tables import (
@@ -85,7 +86,13 @@ def _left_out_note(rows: pd.DataFrame, keep_perturbed: bool) -> str:
         return ""
     what = "kept (conditions.keep_perturbed)" if keep_perturbed else "left out of n and the speedup"
     shown = ", ".join(f"{side} up to {n}" for side, n in counts.items() if n)
-    return f" Perturbed trials ({shown} per model; see Perturbed trials): {what}."
+    reruns = {
+        side: int(pd.to_numeric(rows[f"{side}_reruns"], errors="coerce").fillna(0).max())
+        for side in ("baseline", "candidate")
+    }
+    ran = ", ".join(f"{side} up to {plural(n, 'rerun')}" for side, n in reruns.items() if n)
+    again = f"; the workflow ran them again ({ran} per model)" if ran else ""
+    return f" Perturbed trials ({shown} per model; see Perturbed trials): {what}{again}."
 
 
 def _claim_note(sides: str, row: Mapping[str, Any], claims: Mapping[str, Any]) -> str:
@@ -190,6 +197,29 @@ def timing_section(inputs: ReportInputs) -> Section:
     )
 
 
+def drift_section(inputs: ReportInputs) -> Section:
+    comparisons = inputs.config.get("comparisons") or {}
+    blocks = [
+        chart_block(
+            lambda comparison=comparison: drift_plot(inputs.runs, comparison),
+            format_text(comparison.get("title") or name),
+            "no ok trial of this comparison recorded when it ran",
+        )
+        for name, comparison in comparisons.items()
+    ]
+    return Section(
+        id="drift",
+        title="Trials over the run",
+        intro=(
+            "Each ok trial of a comparison at the time its measured window started, relative to "
+            "the median of its model's baseline trials (one line per model and side). Baseline "
+            "and candidate trials alternate, so a machine that drifts over the run moves both; "
+            "perturbed trials are crosses, their reruns come last."
+        ),
+        blocks=blocks,
+    )
+
+
 def failures_section(inputs: ReportInputs) -> Section:
     runs = inputs.runs
     not_ok = runs[runs["status"] != "ok"]
@@ -247,9 +277,12 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
     fate = (
         "kept in the speedups (conditions.keep_perturbed)" if kept else "left out of the speedups"
     )
+    reruns = int((pd.to_numeric(runs["attempt"], errors="coerce").fillna(0) > 0).sum())
     note = (
         f"{int(flagged.sum())} of {judged} judged ok trials ran perturbed (rules in Method): "
-        f"they stay in every cell's statistics, marked, and are {fate}."
+        f"they stay in every cell's statistics, marked, and are {fate}. "
+        f"{plural(reruns, 'rerun')} of perturbed trials ran as new records (rerun of: the "
+        "configured trial it repeats)."
     )
     table = Table.of(PERTURBED_TABLE, runs[flagged].to_dict("records"))
     return Block(table=table, heading="Perturbed trials", note=note)
@@ -260,6 +293,7 @@ SECTION_BUILDERS: list[Callable[[ReportInputs], Section]] = [
     claims_section,
     summary_section,
     timing_section,
+    drift_section,
     failures_section,
     environments_section,
     method_section,

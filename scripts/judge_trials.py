@@ -1,0 +1,48 @@
+"""List the perturbed trials of one round that the workflow runs again (config conditions.reruns).
+
+    python scripts/judge_trials.py --config CONFIG --attempt 0 --records R... --out reruns.json
+
+Judges every given record as aggregation does (ptspeed.analysis.conditions) and writes
+``{"attempt": A, "reruns": [...]}``: the record paths, relative to the results directory, of
+the reruns of round A's perturbed trials (none once A reaches conditions.reruns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from ptspeed.analysis.aggregate import load_tables, read_mapping
+from ptspeed.analysis.reruns import reruns_due
+from ptspeed.cell.files import write_atomic
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the effective config (JSON or YAML)")
+    parser.add_argument("--attempt", type=int, required=True, help="the round judged (0: first)")
+    parser.add_argument("--records", nargs="*", default=[], help="every record run so far")
+    parser.add_argument("--out", type=Path, required=True, help="the JSON list to write")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = read_mapping(args.config)
+        runs, _ = load_tables(args.records, config)
+        due = [cell.path for cell in reruns_due(runs, config, args.attempt)]
+        write_atomic(args.out, json.dumps({"attempt": args.attempt, "reruns": due}, indent=1))
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"round {args.attempt}: {len(due)} perturbed trial(s) to run again", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

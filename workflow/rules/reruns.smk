@@ -1,0 +1,25 @@
+# Reruns of perturbed trials (config conditions.reruns). Once every trial of a round has run,
+# judge_trials lists the round's perturbed trials; each runs again as a new record (trial number
+# + trials) in the next round, baseline and candidate alternating by priority as in the first.
+# The aggregate rule asks for every round's reruns (record_paths).
+
+
+checkpoint judge_trials:
+    input:
+        records=judged_records,
+        config=rules.effective_config.output,
+    output:
+        f"{RESULTS}/reruns/round{{attempt}}.json",
+    log:
+        f"{RESULTS}/logs/reruns/round{{attempt}}.log",
+    wildcard_constraints:
+        attempt=NUMBER,
+    localrule: True
+    conda:
+        "../../envs/workflow.yaml"
+    params:
+        python=HOST_PYTHON,
+    shell:
+        "{params.python} scripts/judge_trials.py --config {input.config:q}"
+        " --attempt {wildcards.attempt} --records {input.records:q} --out {output:q}"
+        " > {log:q} 2>&1"
