@@ -40,6 +40,7 @@ from ptspeed.analysis.late_numerics import LATE_TOLERANCES
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.numerics import TOLERANCES
+from ptspeed.render import figures
 from ptspeed.render.formatting import (
     format_compile_time,
     format_fraction_as_percent,
@@ -732,3 +733,46 @@ def test_render_cli_reports_bad_input_in_one_line(
     assert result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
+
+
+# --- trials over the run -------------------------------------------------------------------------
+
+DRIFT_COMPARISON = {
+    "title": "a → b",
+    "baseline": {"env": "a", "variant": "eager"},
+    "candidate": {"env": "b", "variant": "eager"},
+}
+
+
+def drift_runs() -> pd.DataFrame:
+    rows = [
+        ("a", 0, 100.0, False), ("b", 0, 150.0, False), ("a", 1, 120.0, True),
+        ("b", 1, 180.0, False), ("a", 2, 110.0, False), ("b", 2, 0.0, False),
+    ]  # fmt: skip
+    return pd.DataFrame(
+        [
+            {"env": env, "variant": "eager", "model": "mlp", "status": "ok", "trial": trial,
+             "throughput_samples_per_s": rate, "perturbed": perturbed,
+             "window_started_unix_s": 1_000.0 + 30.0 * (2 * trial + (env == "b"))}
+            for env, trial, rate, perturbed in rows
+        ]
+    )  # fmt: skip
+
+
+def test_the_drift_plot_places_each_trial_at_its_start_against_the_baseline_median() -> None:
+    points = figures._drift_points(drift_runs(), DRIFT_COMPARISON)
+    assert points["_minute"].tolist() == [0.0, 1.0, 2.0, 0.5, 1.5]  # the rate of 0 left out
+    assert points["_relative"].round(3).tolist() == [0.909, 1.091, 1.0, 1.364, 1.636]
+    assert points["_quiet"].tolist() == ["quiet", "perturbed", "quiet", "quiet", "quiet"]
+    assert figures.drift_plot(drift_runs(), DRIFT_COMPARISON) is not None
+
+
+def test_the_report_draws_one_drift_plot_per_comparison_that_recorded_start_times(
+    tmp_path: Path, tables: dict[str, pd.DataFrame]
+) -> None:
+    runs = tables["runs"].assign(window_started_unix_s=lambda r: 1_000.0 + 60.0 * r["trial"])
+    render_tables({**tables, "runs": runs}, tmp_path)
+    page = read_page((tmp_path / "index.html").read_text(encoding="utf-8"))
+    drawn = [image for image in page.images if image["section"] == "drift"]
+    assert len(drawn) == tables["speedups"]["comparison"].nunique()
+    assert all(image["alt"].startswith("Time series of ") for image in drawn)
