@@ -6,8 +6,10 @@ OLD and NEW are runs.csv files or directories holding runs.csv or tables/runs.cs
 row per cell: a mark (``+`` significantly faster, ``-`` significantly slower, blank unchanged,
 ``x`` not comparable), both medians with their ok trials, the ratio new / old (Hodges–Lehmann)
 with its exact interval (95 %, else the confidence the trials allow, printed beside it), and the
-Mann–Whitney p-value. Exit status: 0 none slower, 1 at least one
-cell significantly slower by more than the threshold, 2 bad input (one ``error:`` line).
+Mann–Whitney p-value; trials judged perturbed are left out (--keep-perturbed keeps them). Where
+both sets have a speedups.csv beside their runs.csv, each speedup of one is then checked against
+the other's interval, both ways. Exit status: 0 none slower, 1 at least one cell significantly
+slower by more than the threshold, 2 bad input (one ``error:`` line).
 """
 
 from __future__ import annotations
@@ -21,16 +23,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import pandas as pd
 
+from ptspeed.analysis.columns import read_table
 from ptspeed.analysis.compare import (
+    CROSS_CHECK_HEADERS,
     DEFAULT_THRESHOLD,
     DISPLAY_HEADERS,
     SAME,
     as_markdown,
     as_text,
     compare_runs,
+    cross_check_line,
+    cross_check_rows,
+    cross_check_speedups,
     display_rows,
     read_runs,
     regressions,
+    speedups_beside,
     verdict_line,
 )
 from ptspeed.cell.files import write_atomic
@@ -61,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--only-changed", action="store_true", help="print only faster, slower and missing cells"
     )
     parser.add_argument(
+        "--keep-perturbed", action="store_true", help="count trials judged perturbed too"
+    )
+    parser.add_argument(
         "--out", action="append", default=[], help="also write the table here (.csv or .md)"
     )
     return parser.parse_args(argv)
@@ -74,17 +85,32 @@ def write_outputs(compared: pd.DataFrame, rows: list[list[str]], paths: list[str
             write_atomic(path, as_markdown(DISPLAY_HEADERS, rows))
 
 
+def print_cross_check(old: str, new: str) -> None:
+    """Each speedup of one set against the other's interval, where both have speedups.csv."""
+    paths = [speedups_beside(old), speedups_beside(new)]
+    if None in paths:
+        return
+    checked = cross_check_speedups(*(read_table(path) for path in paths if path))
+    if checked.empty:
+        return
+    print()
+    print(as_text(CROSS_CHECK_HEADERS, cross_check_rows(checked)), end="")
+    print(cross_check_line(checked))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         unknown = [out for out in args.out if Path(out).suffix not in OUT_SUFFIXES]
         if unknown:
             raise ValueError(f"--out {unknown[0]}: write .csv or .md")
-        compared = compare_runs(read_runs(args.old), read_runs(args.new), args.threshold)
+        old, new = read_runs(args.old), read_runs(args.new)
+        compared = compare_runs(old, new, args.threshold, args.keep_perturbed)
         shown = compared[compared["mark"] != SAME] if args.only_changed else compared
         rows = display_rows(shown)
         print(as_text(DISPLAY_HEADERS, rows), end="")
         print(verdict_line(compared))
+        print_cross_check(args.old, args.new)
         write_outputs(compared, display_rows(compared), args.out)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -26,6 +26,8 @@ from ptspeed.analysis.compare import (
     SLOWER,
     InputError,
     compare_runs,
+    cross_check_line,
+    cross_check_speedups,
     display_rows,
     read_runs,
 )
@@ -334,3 +336,50 @@ def test_cli_end_to_end_never_shows_a_traceback(result_sets: tuple[Path, Path]) 
     broken = subprocess.run([*run, str(garbage)], capture_output=True, text=True, check=False)
     assert broken.returncode == 2
     assert broken.stderr.startswith("error: ") and "Traceback" not in broken.stderr
+
+
+# --- perturbed trials and the speedups' cross-check -----------------------------------------------
+
+
+def test_perturbed_trials_are_left_out_unless_kept() -> None:
+    old = runs_frame({"m": trials(100, 5, seed=1)})
+    new = runs_frame({"m": [*trials(100, 4, seed=2), 10.0]})
+    new["perturbed"] = pd.array([False, False, False, False, True], dtype="boolean")
+    [quiet] = compare_runs(old, new).to_dict("records")
+    assert (quiet["new_trials"], quiet["mark"]) == (4, SAME)
+    [kept] = compare_runs(old, new, keep_perturbed=True).to_dict("records")
+    assert kept["new_trials"] == 5
+
+
+def speedups_frame(*rows: tuple[str, float, float, float]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"comparison": name, "model": "m", "mode": "train", "batch_size": 8,
+             "image_size": 224, "seq_len": 128, "speedup": speedup, "speedup_low": low,
+             "speedup_high": high, "speedup_confidence": 0.968}
+            for name, speedup, low, high in rows
+        ]
+    )  # fmt: skip
+
+
+def test_each_speedup_is_checked_against_the_other_runs_interval_both_ways() -> None:
+    old = speedups_frame(("a", 1.5, 1.4, 1.6), ("b", 1.0, 0.9, 1.1), ("c", 2.0, 1.9, 2.1))
+    new = speedups_frame(("a", 1.55, 1.5, 1.7), ("b", 1.2, 1.15, 1.3), ("d", 1.0, 0.9, 1.1))
+    checked = cross_check_speedups(old, new)
+    assert checked["comparison"].tolist() == ["a", "b"]  # c and d are measured on one side
+    assert checked["new_inside_old"].tolist() == [True, False]
+    assert checked["old_inside_new"].tolist() == [True, False]
+    assert cross_check_line(checked).startswith("speedups: 2 of 4 cross-checks hold")
+
+
+def test_cli_prints_the_cross_check_when_both_sets_have_speedups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, speedup in (("old", 1.5), ("new", 1.55)):
+        tables = tmp_path / name / "tables"
+        write_runs(tables / "runs.csv", {"m": trials(100, 5, seed=3)})
+        speedups_frame(("a", speedup, 1.4, 1.6)).to_csv(tables / "speedups.csv", index=False)
+    assert compare_script.main([str(tmp_path / "old"), str(tmp_path / "new")]) == 0
+    out = capsys.readouterr().out
+    assert "a: m (train)  1.50 [1.40–1.60]  1.55 [1.40–1.60]  yes" in out
+    assert "speedups: 2 of 2 cross-checks hold" in out

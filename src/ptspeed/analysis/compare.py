@@ -12,7 +12,12 @@ confidence it achieves, and the Mann–Whitney p-value), and a mark:
 * ``x`` not comparable: absent from one side, or without ok trials there.
 
 A cell counts as a regression (``-``) only when both the test and the interval say so and the
-drop exceeds the threshold, so that noise alone does not fail a CI job.
+drop exceeds the threshold, so that noise alone does not fail a CI job. Trials judged perturbed
+(``perturbed`` in runs.csv) are left out unless kept, as the speedups leave them out.
+
+Where both result sets have a ``speedups.csv`` beside their ``runs.csv``,
+:func:`cross_check_speedups` checks each comparison's speedup of one run against the other's
+interval, both ways: two runs of one matrix on one machine should agree.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import pandas as pd
 
 from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.columns import ALPHA, CELL_KEYS, CONFIDENCE, read_table
+from ptspeed.analysis.conditions import counted_in_speedups
 from ptspeed.analysis.summary import status_counts
 from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, size_label
 
@@ -88,26 +94,35 @@ def read_runs(path: str | Path) -> pd.DataFrame:
 
 
 def compare_runs(
-    old: pd.DataFrame, new: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD
+    old: pd.DataFrame,
+    new: pd.DataFrame,
+    threshold: float = DEFAULT_THRESHOLD,
+    keep_perturbed: bool = False,
 ) -> pd.DataFrame:
     """One row per cell of either side (sorted by cell), columns :data:`COMPARE_COLUMNS`.
 
-    ``ratio`` is new / old median throughput over the ok trials; above 1 means faster.
+    ``ratio`` is new / old median throughput over the ok trials (the perturbed ones left out
+    unless ``keep_perturbed``); above 1 means faster.
     """
     if not 0.0 <= threshold < 1.0:
         raise InputError(f"threshold must lie in [0, 1), got {threshold}")
-    old_cells, new_cells = cells_of(old), cells_of(new)
+    old_cells, new_cells = cells_of(old, keep_perturbed), cells_of(new, keep_perturbed)
     keys = sorted(old_cells.keys() | new_cells.keys(), key=_sort_key)
     rows = [_compared(key, old_cells.get(key), new_cells.get(key), threshold) for key in keys]
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
-def cells_of(runs: pd.DataFrame) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """Per cell: its ok throughputs (finite, positive) and all its statuses. Rows whose cell is
-    unknown (an unreadable file outside the workflow's layout) cannot be matched and are left
-    out."""
+def cells_of(
+    runs: pd.DataFrame, keep_perturbed: bool = False
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Per cell: its ok throughputs (finite, positive; not perturbed unless ``keep_perturbed``)
+    and all its statuses. Rows whose cell is unknown (an unreadable file outside the workflow's
+    layout) cannot be matched and are left out."""
     known = runs[runs["env"].notna()]
     rates = pd.to_numeric(known["throughput_samples_per_s"], errors="coerce")
+    rates = rates.where(
+        counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
+    )
     cells: dict[tuple[Any, ...], dict[str, Any]] = {}
     columns = [known[key].tolist() for key in CELL_KEYS]
     for *key, status, rate in zip(*columns, known["status"], rates, strict=True):
@@ -205,6 +220,73 @@ def verdict_line(compared: pd.DataFrame) -> str:
         f"{counts.get(NOT_COMPARABLE, 0)} not comparable",
     ]
     return f"{len(compared)} cells: " + ", ".join(parts)
+
+
+# --- speedups, both ways ---------------------------------------------------------------------
+
+SPEEDUP_KEYS = ["comparison", "model", "mode", *SIZE_KEYS]
+# A speedups.csv column and its name in the cross-check, after old_ or new_.
+_PARTS = {
+    "speedup": "speedup",
+    "speedup_low": "low",
+    "speedup_high": "high",
+    "speedup_confidence": "confidence",
+}
+CROSS_CHECK_COLUMNS = [
+    *SPEEDUP_KEYS,
+    *(f"{side}_{part}" for side in ("old", "new") for part in _PARTS.values()),
+    "new_inside_old",
+    "old_inside_new",
+]
+
+
+def speedups_beside(runs_path: str | Path) -> Path | None:
+    """The speedups.csv beside a result set's runs.csv, if there is one."""
+    candidate = runs_csv_of(runs_path).with_name("speedups.csv")
+    return candidate if candidate.is_file() else None
+
+
+def cross_check_speedups(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """Per speedup measured in both (comparison, model, mode, sizes): both estimates and
+    intervals, and whether each lies inside the other's interval (columns
+    :data:`CROSS_CHECK_COLUMNS`)."""
+
+    def side(frame: pd.DataFrame, prefix: str) -> pd.DataFrame:
+        frame = frame[pd.to_numeric(frame["speedup"], errors="coerce").notna()]
+        names = {column: f"{prefix}_{part}" for column, part in _PARTS.items()}
+        return frame[[*SPEEDUP_KEYS, *_PARTS]].rename(columns=names)
+
+    both = side(old, "old").merge(side(new, "new"), on=SPEEDUP_KEYS, how="inner")
+    both["new_inside_old"] = both["new_speedup"].between(both["old_low"], both["old_high"])
+    both["old_inside_new"] = both["old_speedup"].between(both["new_low"], both["new_high"])
+    return both[CROSS_CHECK_COLUMNS].reset_index(drop=True)
+
+
+def cross_check_rows(checked: pd.DataFrame) -> list[list[str]]:
+    """The cross-check as text: each speedup with its interval, and which checks hold."""
+    return [
+        [
+            f"{row['comparison']}: {row['model']} ({row['mode']})",
+            _ratio(row["old_speedup"], row["old_low"], row["old_high"], row["old_confidence"]),
+            _ratio(row["new_speedup"], row["new_low"], row["new_high"], row["new_confidence"]),
+            "yes" if row["new_inside_old"] else "NO",
+            "yes" if row["old_inside_new"] else "NO",
+        ]
+        for row in checked.to_dict("records")
+    ]
+
+
+CROSS_CHECK_HEADERS = ["speedup", "old [interval]", "new [interval]", "new in old", "old in new"]
+
+
+def cross_check_line(checked: pd.DataFrame) -> str:
+    """E.g. ``"speedups: 17 of 18 cross-checks hold (each run's speedup inside the other's
+    interval)"``."""
+    held = int(checked["new_inside_old"].sum() + checked["old_inside_new"].sum())
+    return (
+        f"speedups: {held} of {2 * len(checked)} cross-checks hold (each run's speedup inside "
+        "the other's interval)"
+    )
 
 
 # --- showing -------------------------------------------------------------------------------------

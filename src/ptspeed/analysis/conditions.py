@@ -159,7 +159,7 @@ def counted_in_speedups(runs: pd.DataFrame, config: Mapping[str, Any] | None) ->
     """Which rows a speedup may use: all but the perturbed, unless ``keep_perturbed``."""
     if settings(config)["keep_perturbed"] or "perturbed" not in runs.columns:
         return pd.Series(True, index=runs.index)
-    return ~runs["perturbed"].fillna(False).astype(bool)
+    return ~runs["perturbed"].astype("boolean").fillna(False).astype(bool)
 
 
 def perturbed_counts(perturbed: np.ndarray, reasons: np.ndarray) -> dict[str, Any]:
