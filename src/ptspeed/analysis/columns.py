@@ -26,7 +26,7 @@ from ptspeed.analysis.conditions import (
     CONDITION_TEXT_COLUMNS,
     JUDGEMENT_COLUMNS,
 )
-from ptspeed.analysis.late_numerics import LATE_COLUMNS
+from ptspeed.analysis.late_numerics import GATE_LOSS_BOUND, LATE_COLUMNS
 from ptspeed.analysis.reruns import RERUN_COLUMNS
 from ptspeed.analysis.staleness import STALE
 from ptspeed.cell.record import STATUSES, CellSpec, Metrics
@@ -85,6 +85,7 @@ RUNS_COLUMNS = [
     "reason",
     *METRIC_COLUMNS,
     *NUMERICS_COLUMNS,
+    GATE_LOSS_BOUND,
     *LATE_COLUMNS,
     *PROVENANCE_COLUMNS,
     "started_at",
@@ -199,6 +200,7 @@ _FLOAT_COLUMNS = [
     *(c for c in METRIC_COLUMNS if c not in (*_INT_COLUMNS, *_TEXT_METRICS)),
     "numerics_max_relative_error",
     "numerics_tolerance",
+    GATE_LOSS_BOUND,
     *LATE_COLUMNS[:-1],
     "duration_s",
     *(

@@ -29,7 +29,7 @@ from ptspeed.analysis.columns import (
     UNREADABLE,
 )
 from ptspeed.analysis.conditions import CONDITION_COLUMNS
-from ptspeed.analysis.late_numerics import recorded_late_check
+from ptspeed.analysis.late_numerics import GATE_LOSS_BOUND, recorded_late_check
 from ptspeed.analysis.staleness import STALE, stale_reason
 from ptspeed.cell.record import (
     STATUSES,
@@ -147,6 +147,7 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
         "reason": data.get("reason", ""),
         **{key: metric_cell(metrics.get(key)) for key in METRIC_COLUMNS},
         **{f"numerics_{key}": numerics.get(key) for key in NUMERICS_FIELDS},
+        GATE_LOSS_BOUND: _allowed_loss_error(numerics.get("allowed_errors")),
         "late_check": recorded_late_check(_recorded_loss(data.get("metrics") or {})),
         **{key: provenance.get(key) for key in PROVENANCE_COLUMNS if key not in PACKAGE_COLUMNS},
         **{key: packages.get(key, "") for key in PACKAGE_COLUMNS},
@@ -154,6 +155,11 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
         "duration_s": data.get("duration_s"),
         **{key: conditions.get(key) for key in CONDITION_COLUMNS},
     }
+
+
+def _allowed_loss_error(allowed_errors: Any) -> Any:
+    """The loss's bound in the cell's own numerics gate (None where it checked no loss)."""
+    return allowed_errors.get("loss") if isinstance(allowed_errors, Mapping) else None
 
 
 def metric_cell(value: Any) -> Any:
