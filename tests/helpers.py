@@ -130,7 +130,7 @@ def planned_outputs(output: str) -> dict[str, list[str]]:
     planned: dict[str, list[str]] = {}
     rule = None
     for line in output.splitlines():
-        header = re.fullmatch(r"(?:local)?rule (\w+):", line.strip())
+        header = re.fullmatch(r"(?:local)?(?:rule|checkpoint) (\w+):", line.strip())
         if header:
             rule = header[1]
             planned.setdefault(rule, [])

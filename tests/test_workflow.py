@@ -144,7 +144,9 @@ def test_changed_model_size_reruns_only_its_cells(tmp_path: Path) -> None:
     changed["models"]["mlp"]["cpu"]["batch_size"] = 32
     output = ok(snakemake("-n", "--configfile", str(write_config(tmp_path, changed))))
 
-    assert job_counts(output) == Counter(cell=2, effective_config=1, aggregate=1, report=1, all=1)
+    assert job_counts(output) == Counter(
+        cell=2, effective_config=1, judge_trials=1, aggregate=1, report=1, all=1
+    )
     records = tmp_path / "results/records"
     assert set(planned_outputs(output)["cell"]) == {
         str(records / f"{env}/mlp/eager/train/b32/trial0.json") for env in ("host", "host-b")
@@ -157,7 +159,7 @@ def test_changed_model_size_reruns_only_its_cells(tmp_path: Path) -> None:
 def test_default_matrix_plan(tmp_path: Path) -> None:
     output = ok(snakemake("-n", "--config", f"results={tmp_path / 'results'}"))
     assert job_counts(output) == Counter(
-        cell=45, build_env=2, effective_config=1, aggregate=1, report=1, all=1
+        cell=45, build_env=2, effective_config=1, judge_trials=1, aggregate=1, report=1, all=1
     )
     cells = [
         Path(path).relative_to(tmp_path / "results/records").parts
