@@ -126,7 +126,7 @@ def job_counts(output: str) -> Counter[str]:
 
 
 def planned_outputs(output: str) -> dict[str, list[str]]:
-    """Each planned rule's output files, from the job blocks of a dry run."""
+    """Each planned rule's (or checkpoint's) output files, from the job blocks of a dry run."""
     planned: dict[str, list[str]] = {}
     rule = None
     for line in output.splitlines():

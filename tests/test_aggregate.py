@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -25,6 +26,7 @@ from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.aggregate import load_records, load_tables
 from ptspeed.analysis.claims import verdict
 from ptspeed.analysis.columns import (
+    COMPILER_COLUMNS,
     MISSING_REASON,
     RUNS_COLUMNS,
     SPEEDUP_COLUMNS,
@@ -300,6 +302,52 @@ def test_summary_of_a_cell_without_ok_trials(runs: pd.DataFrame) -> None:
     assert math.isnan(row["cv"])
     assert not row["noisy"]
     assert row["reasons"] == "unsupported: needs torch>=2.0 | fake"
+
+
+# (trial, status, graphs, graph breaks, recompilations, graph-break reasons)
+COMPILER_TRIALS = [
+    (0, "ok", 2, 1, 0, ["print", "data-dependent branch"]),
+    (1, "ok", 3, 1, 1, ["print", "len of a tensor"]),
+    (2, "ok", 4, 2, 0, ["a fourth reason"]),
+    (3, "failed", 99, 99, 99, ["a failed trial's reason"]),
+]
+
+
+def compiler_record_paths(directory: Path) -> list[Path]:
+    """torch-1.13 eager and torch-2.0 compile of resnet50, the compiled trials with what the
+    compiler did (:data:`COMPILER_TRIALS`)."""
+    paths = []
+    for trial in range(2):
+        paths.append(directory / f"eager{trial}.json")
+        write_record(make_record("torch-1.13", "resnet50", "eager", trial, "ok", 100.0), paths[-1])
+    for trial, status, graphs, breaks, recompilations, reasons in COMPILER_TRIALS:
+        record = make_record("torch-2.0", "resnet50", "compile", trial, status, 150.0)
+        metrics = dataclasses.replace(
+            record.metrics,
+            compiled_graphs=graphs,
+            graph_breaks=breaks,
+            recompilations=recompilations,
+            graph_break_reasons=reasons,
+        )
+        paths.append(directory / f"compile{trial}.json")
+        write_record(dataclasses.replace(record, metrics=metrics), paths[-1])
+    return paths
+
+
+def test_summary_and_speedups_carry_what_the_compiler_did(tmp_path: Path) -> None:
+    runs = load_records(compiler_record_paths(tmp_path))
+    summary = summary_table(runs)
+    compiled = summary_row(summary, "torch-2.0", "resnet50", "compile")
+    counts = COMPILER_COLUMNS[:-1]
+    assert compiled[counts].tolist() == [3.0, 1.0, 0.0]  # medians of the ok trials alone
+    assert compiled["graph_break_reasons"] == "print; data-dependent branch; len of a tensor"
+    eager = summary_row(summary, "torch-1.13", "resnet50", "eager")
+    assert eager[counts].isna().all() and eager["graph_break_reasons"] == ""
+    row = speedup_row(speedups(summary, CONFIG, CLAIMS, runs), "upgrade-and-compile", "resnet50")
+    assert [row[f"candidate_{c}"] for c in COMPILER_COLUMNS] == compiled[COMPILER_COLUMNS].tolist()
+    assert all(math.isnan(row[f"baseline_{c}"]) for c in counts)
+    missing = speedup_row(speedups(summary, CONFIG, CLAIMS, runs), "upgrade-and-compile", "gpt2")
+    assert math.isnan(missing["candidate_median_graph_breaks"])  # no cell: blank, not an error
 
 
 def test_cv_needs_two_values() -> None:

@@ -68,6 +68,16 @@ CELLS = [
     ("torch-1.13", "gpt2", "eager", 0, "ok", 40.0, 3.0, "", ""),
     ("torch-2.0", "gpt2", "compile", 0, "unsupported", None, None, "", "needs torch>=2.0 | fake"),
 ]
+# What the compiler did in compiled trials: (graphs, graph breaks, recompilations, reasons).
+# resnet50's failed trial 2 and bert-base's mismatched trial 1 must stay out of the medians.
+COMPILER = {
+    ("resnet50", 0): (1, 0, 0, []),
+    ("resnet50", 1): (2, 1, 0, ["Unsupported: builtin print"]),
+    ("resnet50", 2): (9, 9, 9, ["a failed trial's break"]),
+    ("resnet50", 3): (2, 1, 1, ["Unsupported: builtin print", "data-dependent Tensor.item()"]),
+    ("bert-base", 0): (3, 2, 0, ["attention mask: dynamic shape", "Unsupported: builtin print"]),
+    ("bert-base", 1): (4, 3, 1, ["a mismatched trial's break"]),
+}
 STALE = ("torch-2.0", "resnet50", "eager", 2)  # holds batch 16 where its path names 8
 MISSING = ("torch-2.0", "resnet50", "eager", 3)
 CORRUPT = ("torch-2.0", "gpt2", "compile", 1)
@@ -82,6 +92,15 @@ def golden_record(cell: tuple[Any, ...]) -> Record:
     env, model, variant, trial, status, rate, loss, cache, reason = cell
     record = make_record(env, model, variant, trial, status, rate, reason)
     metrics = dataclasses.replace(record.metrics, loss_last=loss, compiler_cache=cache)
+    if variant == "compile" and (model, trial) in COMPILER:
+        graphs, breaks, recompilations, reasons = COMPILER[(model, trial)]
+        metrics = dataclasses.replace(
+            metrics,
+            compiled_graphs=graphs,
+            graph_breaks=breaks,
+            recompilations=recompilations,
+            graph_break_reasons=reasons,
+        )
     return dataclasses.replace(record, metrics=metrics)
 
 

@@ -109,6 +109,23 @@ def test_the_default_config_passes_and_gets_its_defaults() -> None:
     assert config["mem_mb"] == 16000
 
 
+def test_the_extended_config_passes_and_keeps_the_default_matrix() -> None:
+    path = ROOT / "config/extended.yaml"
+    config = yaml.safe_load(path.read_text())
+    assert prepare(config, (path,)) == "cpu"
+    assert config["results"] == "results/extended"  # its own, apart from the default's
+    assert config["environments"] == DEFAULT_CONFIG["environments"]
+    assert config["models"] == DEFAULT_CONFIG["models"]
+    assert DEFAULT_CONFIG["comparisons"].items() <= config["comparisons"].items()
+    assert config["conditions"] == prepared_default()["conditions"]  # the schema's defaults
+
+
+def prepared_default() -> dict[str, Any]:
+    config = copy.deepcopy(DEFAULT_CONFIG)
+    prepare(config)
+    return config
+
+
 def test_a_partial_steps_block_gets_the_missing_steps() -> None:
     config = changed("steps", {"measured": 4})
     prepare(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import re
@@ -40,9 +41,11 @@ from ptspeed.analysis.late_numerics import LATE_TOLERANCES
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.numerics import TOLERANCES
+from ptspeed.cell.record import write_record
 from ptspeed.render import figures
 from ptspeed.render.formatting import (
     format_compile_time,
+    format_compiler_counts,
     format_fraction_as_percent,
     format_int,
     format_mib,
@@ -59,7 +62,10 @@ from ptspeed.render.report import markdown_cell, template_environment
 from ptspeed.render.sections import build_sections
 from ptspeed.render.tables import (
     CLAIMS_TABLE,
+    COMPILED_SEED_TABLE,
+    COMPILER_HEADER,
     NOISY_TABLE,
+    SEED_TABLE,
     SUMMARY_TABLE,
     Column,
     Table,
@@ -159,6 +165,11 @@ def expected_summary_table(summary: pd.DataFrame) -> list[list[str]]:
             format_seconds(row["median_first_step_s"]),
             format_compile_time(
                 row["compile_time_s"], row["compile_time_cold_s"], row["compile_time_warm_s"]
+            ),
+            format_compiler_counts(
+                row["median_compiled_graphs"],
+                row["median_graph_breaks"],
+                row["median_recompilations"],
             ),
             format_mib(row["median_peak_memory_bytes"]),
         ]
@@ -283,10 +294,19 @@ def test_summary_rows_for_the_fixture(markdown: str, tables: dict[str, pd.DataFr
         "0",  # and none rerun
         "2.50 s",
         "0.00 s",  # torch-2.0 eager's first steps: 2.0 and 3.0 s, as compile's
+        "—",  # the fixture's records say nothing of what the compiler did
         "100.5 MiB",
     ]
     gpt2 = summary.index[summary["variant"].eq("compile") & summary["model"].eq("gpt2")]
     assert table[1 + gpt2[0]][7:9] == ["2 (unsupported:1 missing:1)", "— (n=0)"]
+
+
+def test_versions_table_of_the_fixture(markdown: str, html: str) -> None:
+    [table] = markdown_tables(section(markdown, "PyTorch 1.13.1 → 2.0.1"))
+    assert table[1:] == [
+        ["resnet50", "eager", "train", "8", "110.0 (n=3)", "132.0 (n=2) ×1.20 (+20%)"]
+    ]  # bert-base ran eager in 1.13 and compiled in 2.0: no cell in both
+    assert read_page(html).tables["versions"] == [html_cells(table)]
 
 
 def test_failures_table_lists_every_record_that_is_not_ok(
@@ -365,8 +385,9 @@ def test_environments_come_from_the_records(markdown: str, html: str) -> None:
 def sections_of(paths: list[Path], config: dict[str, Any] | None = None) -> dict[str, Any]:
     runs, steps = load_tables(paths)
     summary = summary_table(runs)
-    inputs = ReportInputs(runs, summary, speedups(summary, CONFIG, CLAIMS, runs),
-                                 config or CONFIG, CLAIMS, steps)  # fmt: skip
+    config = config or CONFIG
+    inputs = ReportInputs(runs, summary, speedups(summary, config, CLAIMS, runs),
+                                 config, CLAIMS, steps)  # fmt: skip
     return {s.id: s for s in build_sections(inputs)}
 
 
@@ -397,6 +418,71 @@ def test_tf32_and_cudnn_benchmark_settings_are_shown_where_recorded(tmp_path: Pa
         "precision highest; torch-2.0: TF32 matmul False, TF32 cuDNN True, cudnn.benchmark "
         "False, float32 matmul precision highest"
     )
+
+
+# --- what the compiler did, and the same cells across torch versions -----------------------------
+
+
+def compiler_paths(
+    directory: Path, envs: tuple[str, ...] = ("torch-1.13", "torch-2.0")
+) -> list[Path]:
+    """resnet50 records, two trials a cell: eager in ``envs``, compile in torch-2.0 with what the
+    compiler did (2 and 3 graphs, one break, no recompilation)."""
+    eager = [(env, "eager", rate) for env, rate in zip(envs, (100.0, 120.0), strict=False)]
+    cells = [*eager, ("torch-2.0", "compile", 150.0)]
+    paths = []
+    for env, variant, rate in cells:
+        for trial in range(2):
+            record = make_record(env, "resnet50", variant, trial, "ok", rate + trial)
+            if variant == "compile":
+                metrics = dataclasses.replace(
+                    record.metrics, compiled_graphs=2 + trial, graph_breaks=1, recompilations=0,
+                    graph_break_reasons=["print", "len of a tensor"],
+                )  # fmt: skip
+                record = dataclasses.replace(record, metrics=metrics)
+            paths.append(directory / f"{env}-{variant}-{trial}.json")
+            write_record(record, paths[-1])
+    return paths
+
+
+def test_a_compiled_candidate_shows_what_the_compiler_did_beside_the_speedup(
+    tmp_path: Path,
+) -> None:
+    upgrade_alone = {
+        "baseline": {"env": "torch-1.13", "variant": "eager"},
+        "candidate": {"env": "torch-2.0", "variant": "eager"},
+    }
+    config = {**CONFIG, "comparisons": {**CONFIG["comparisons"], "upgrade-alone": upgrade_alone}}
+    compiled, compile_alone, eager = sections_of(compiler_paths(tmp_path), config)[
+        "seed-table"
+    ].blocks
+    assert compiled.table.headers == compile_alone.table.headers == headers(COMPILED_SEED_TABLE)
+    column = headers(COMPILED_SEED_TABLE).index(COMPILER_HEADER)
+    assert column == headers(SEED_TABLE).index("speedup [interval, 95% unless stated]") + 1
+    assert [row[column] for row in compiled.table.rows] == ["2.5 / 1 / 0", "—", "—"]
+    assert compiled.note.endswith("Candidate's graph breaks: resnet50: print; len of a tensor.")
+    assert eager.table.headers == headers(SEED_TABLE)  # its candidate did not compile
+    assert "graph breaks" not in eager.note
+
+
+def test_cells_measured_in_several_torch_versions_are_side_by_side(tmp_path: Path) -> None:
+    versions = sections_of(compiler_paths(tmp_path))["versions"]
+    assert versions.title == "PyTorch 1.13.1 → 2.0.1"
+    [block] = versions.blocks
+    assert block.table.headers == [
+        "model", "variant", "mode", "batch",
+        "torch-1.13 (torch 1.13.1) samples/s", "torch-2.0 (torch 2.0.1) samples/s",
+    ]  # fmt: skip
+    # compile ran in torch-2.0 alone: no row
+    assert block.table.rows == [
+        ["resnet50", "eager", "train", "8", "100.5 (n=2)", "120.5 (n=2) ×1.20 (+20%)"]
+    ]
+
+
+def test_one_torch_version_leaves_the_versions_section_out(tmp_path: Path) -> None:
+    sections = sections_of(compiler_paths(tmp_path, envs=("torch-2.0",)))
+    assert "versions" not in sections
+    assert list(sections)[:3] == ["seed-table", "claims", "summary"]
 
 
 def test_a_late_numerics_mismatch_is_among_the_failures(tmp_path: Path) -> None:
@@ -484,9 +570,8 @@ def test_every_table_has_a_cell_per_column_aligned_as_its_spec(
     frames = tables["runs"], tables["summary"], tables["speedups"]
     built = build_sections(ReportInputs(*frames, CONFIG, CLAIMS, tables["steps"]))
     shown = [b.table for s in built for b in s.blocks if b.table is not None and b.table.rows]
-    assert (
-        len(shown) == 8
-    )  # two seed tables, claims, summary, failures, noisy, environments, method
+    # two seed tables, claims, versions, summary, failures, noisy, environments, method
+    assert len(shown) == 9
     for table in shown:
         assert all(len(row) == len(table.columns) == len(table.headers) for row in table.rows)
     page = html_classes(html)
@@ -610,7 +695,7 @@ def test_explicit_templates_dir(tmp_path: Path, tables: dict[str, pd.DataFrame])
     (templates / "index.html.j2").write_text("<p>{{ sections | length }}</p>\n")
     (templates / "report.md.j2").write_text("{{ sections[0].title }}\n")
     render_tables(tables, tmp_path / "out", templates_dir=templates)
-    assert (tmp_path / "out" / "index.html").read_text() == "<p>8</p>\n"
+    assert (tmp_path / "out" / "index.html").read_text() == "<p>9</p>\n"
     with pytest.raises(FileNotFoundError, match="no report templates"):
         render_tables(tables, tmp_path / "out", templates_dir=tmp_path / "nowhere")
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from helpers import (
     PLAN_TIMEOUT_S,
     ROOT,
@@ -30,6 +31,8 @@ from helpers import (
     tool,
     write_config,
 )
+
+from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 
 pytestmark = pytest.mark.workflow
 
@@ -181,6 +184,51 @@ def test_default_matrix_plan(tmp_path: Path) -> None:
         str(tmp_path / f"results/envs/{env}.json") for env in ("torch-1.13", "torch-2.0")
     ]
     assert not (tmp_path / "results").exists()
+
+
+# Each variant of config/extended.yaml and the environments it runs in: those whose torch can
+# run it (compile from 2.0, attn=sdpa from 2.1.1), as its comparisons ask.
+EXTENDED_VARIANT_ENVS = {
+    "eager": {"torch-1.13", "torch-2.0", "torch-2.14"},
+    "compile": {"torch-2.0", "torch-2.14"},
+    "jit-script": {"torch-1.13"},
+    "jit-trace": {"torch-2.14"},
+    "attn-eager": {"torch-2.14"},
+    "sdpa": {"torch-2.14"},
+    "loader": {"torch-2.14"},
+    "loader-pin": {"torch-2.14"},
+    "prefetch": {"torch-2.14"},
+}
+
+
+def locked_torch(env: str) -> tuple[int, int]:
+    """The torch release of a benchmark environment's lock file (envs/<env>.txt)."""
+    lock = (ROOT / f"envs/{env}.txt").read_text(encoding="utf-8")
+    version = re.search(r"^torch==(\d+)\.(\d+)", lock, re.MULTILINE)
+    assert version, env
+    return int(version[1]), int(version[2])
+
+
+def test_extended_matrix_plans_every_variant_where_its_torch_runs_it(tmp_path: Path) -> None:
+    path = ROOT / "config/extended.yaml"
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    results = tmp_path / "results"
+    output = ok(snakemake("-n", "--configfile", str(path), "--config", f"results={results}"))
+    records = (Path(p).relative_to(results / "records") for p in planned_outputs(output)["cell"])
+    cells = Counter((env, variant) for env, _model, variant, *_ in (p.parts for p in records))
+    planned: dict[str, set[str]] = {}
+    for env, variant in cells:
+        planned.setdefault(variant, set()).add(env)
+    assert planned == EXTENDED_VARIANT_ENVS
+    assert set(cells.values()) == {len(config["models"]) * len(config["modes"]) * config["trials"]}
+    assert job_counts(output)["build_env"] == 3
+    for variant, envs in planned.items():
+        knobs = parse_knobs(config["variants"][variant])
+        for env in envs:
+            python = tuple(map(int, config["environments"][env]["python"].split(".")))
+            torch = locked_torch(env)
+            assert not unsupported_reason(knobs, "cuda", torch, python, True, True), (env, variant)
+    assert not results.exists()
 
 
 # --- 5: bad configs fail before any job, naming the key -------------------------------------

@@ -2,7 +2,8 @@
 
 Owns the column lists of the four tables (:data:`RUNS_COLUMNS`, :data:`STEPS_COLUMNS`,
 :data:`SUMMARY_COLUMNS`, :data:`SPEEDUP_COLUMNS`) and the keys that name a cell
-(:data:`CELL_KEYS`, the sizes among them :data:`ptspeed.plan.layout.SIZE_KEYS`); the statuses a
+(:data:`CELL_KEYS`, the sizes among them :data:`ptspeed.plan.layout.SIZE_KEYS`), the compiler's
+statistics the summary and speedups carry per cell (:data:`COMPILER_COLUMNS`); the statuses a
 runs row can have beyond a record's own
 (``stale``, ``missing``, ``unreadable``); the confidence and significance levels the tables'
 intervals and tests are computed at; the conversions that give the runs and steps frames their
@@ -96,6 +97,13 @@ RUNS_COLUMNS = [
 ]
 
 CELL_KEYS = ["env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
+# What torch.compile did in a cell (ptspeed.cell.compiler), as the summary carries it: the
+# median of each count over the cell's ok trials (blank where no trial counted: cells that do
+# not compile) and its first graph-break reasons; the speedups carry each side's.
+COMPILER_COUNTS = ["compiled_graphs", "graph_breaks", "recompilations"]
+COMPILER_REASONS = "graph_break_reasons"
+COMPILER_COLUMNS = [*(f"median_{name}" for name in COMPILER_COUNTS), COMPILER_REASONS]
+SIDES = ("baseline", "candidate")
 STEPS_COLUMNS = [*CELL_KEYS, "trial", "step", "step_time_s"]
 SUMMARY_COLUMNS = [
     *CELL_KEYS,
@@ -117,6 +125,7 @@ SUMMARY_COLUMNS = [
     "compile_time_warm_s",
     "median_peak_memory_bytes",
     "memory_kind",
+    *COMPILER_COLUMNS,
     "reasons",
     "retried_from_batch_size",
     "perturbed_trials",
@@ -144,6 +153,11 @@ _SPEEDUP_COLUMN_IS_TEXT = {
     "candidate_perturbed_trials": False,
     "baseline_reruns": False,
     "candidate_reruns": False,
+    **{
+        f"{side}_{column}": column == COMPILER_REASONS
+        for side in SIDES
+        for column in COMPILER_COLUMNS
+    },
     "speedup": False,
     "speedup_low": False,
     "speedup_high": False,
@@ -189,7 +203,8 @@ _INT_COLUMNS = [
     *CONDITION_INT_COLUMNS,
 ]
 # Lists and mappings of a record's metrics (graph-break reasons, compile time by phase) are
-# written as one text cell (ptspeed.analysis.records.metric_cell).
+# written as one text cell (ptspeed.analysis.records.metric_cell), items apart by LIST_SEPARATOR.
+LIST_SEPARATOR = "; "
 _TEXT_METRICS = [
     name
     for name, kind in _METRIC_TYPES.items()
@@ -222,6 +237,7 @@ SUMMARY_TEXT_COLUMNS = [
     "statuses",
     "noisy_reason",
     "memory_kind",
+    COMPILER_REASONS,
     "reasons",
     "retried_from_batch_size",
     "perturbed_reasons",

@@ -20,6 +20,7 @@ from ptspeed.analysis.columns import (
     CELL_COLUMNS,
     CELL_FIELDS,
     CELL_KEYS,
+    LIST_SEPARATOR,
     METRIC_COLUMNS,
     MISSING,
     MISSING_REASON,
@@ -163,12 +164,12 @@ def _allowed_loss_error(allowed_errors: Any) -> Any:
 
 
 def metric_cell(value: Any) -> Any:
-    """A metric as one cell of runs.csv: a list joined with "; ", a mapping as "key=value"
-    pairs (numbers to 3 significant digits); scalars as they are."""
+    """A metric as one cell of runs.csv: a list joined with :data:`LIST_SEPARATOR`, a mapping
+    as "key=value" pairs so joined (numbers to 3 significant digits); scalars as they are."""
     if isinstance(value, list):
-        return "; ".join(map(str, value))
+        return LIST_SEPARATOR.join(map(str, value))
     if isinstance(value, dict):
-        return "; ".join(
+        return LIST_SEPARATOR.join(
             f"{key}={item:.3g}" if isinstance(item, float) else f"{key}={item}"
             for key, item in value.items()
         )

@@ -19,7 +19,14 @@ import pandas as pd
 
 from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.claims import NOT_MEASURED, published_figures, verdict
-from ptspeed.analysis.columns import ALPHA, CONFIDENCE, SIZE_KEYS, SPEEDUP_COLUMNS
+from ptspeed.analysis.columns import (
+    ALPHA,
+    COMPILER_COLUMNS,
+    COMPILER_REASONS,
+    CONFIDENCE,
+    SIZE_KEYS,
+    SPEEDUP_COLUMNS,
+)
 from ptspeed.analysis.conditions import counted_in_speedups
 from ptspeed.analysis.late_numerics import precision_of
 from ptspeed.errors import ConfigError
@@ -59,6 +66,8 @@ def speedups(
     Published figures come from ``claims`` (the parsed ``claims.yaml``) through the comparison's
     ``claim`` key. Where the summary holds several sizes of one cell, the size set in
     the configuration for ``config['device']`` is used, else the largest batch both sides share.
+    Each side carries what the compiler did in its cell (``candidate_median_graph_breaks``
+    and the rest of :data:`ptspeed.analysis.columns.COMPILER_COLUMNS`, from the summary).
     With ``runs`` (the per-trial records), each speedup gets its exact interval
     (``speedup_low``, ``speedup_high``), the confidence that interval achieves at the trials'
     n (``speedup_confidence``: below 0.95 where too few trials reach 0.95) and a Mann-Whitney
@@ -294,6 +303,16 @@ def _side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
         if row is not None
         else 0,
         f"{prefix}_reruns": int(row.get("reruns") or 0) if row is not None else 0,
+        **_compiler_side(prefix, row),
+    }
+
+
+def _compiler_side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the compiler did in a side's cell, as its summary row says (blank without one)."""
+    found = row or {}
+    return {
+        f"{prefix}_{column}": found.get(column, "" if column == COMPILER_REASONS else math.nan)
+        for column in COMPILER_COLUMNS
     }
 
 

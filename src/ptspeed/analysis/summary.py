@@ -1,9 +1,10 @@
 """The summary table: one row per cell, with trial counts and throughput statistics.
 
-Owns :func:`summary_table` (the runs grouped by cell: counts by status, the median throughput of the
-``ok`` trials with its distribution-free interval, a noise flag with its reason, first steps,
-compile times and memory) and the helpers the report and compare share with it
-(:func:`status_counts`, :func:`noise_reason`, :func:`coefficient_of_variation`). Pure; no torch.
+Owns :func:`summary_table` (the runs grouped by cell: counts by status, the median throughput of
+the ``ok`` trials with its distribution-free interval, a noise flag with its reason, first steps,
+compile times, what the compiler did, and memory) and the helpers the report and compare share
+with it (:func:`status_counts`, :func:`noise_reason`, :func:`coefficient_of_variation`). Pure;
+no torch.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from ptspeed.analysis import stats
 from ptspeed.analysis.columns import (
     ALL_STATUSES,
     CELL_KEYS,
+    COMPILER_COUNTS,
+    COMPILER_REASONS,
     CONFIDENCE,
+    LIST_SEPARATOR,
     MISSING,
     SIZE_KEYS,
     SUMMARY_COLUMNS,
@@ -45,7 +49,10 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     median first step of the eager cell of the same environment, model, mode and sizes (NaN for
     eager itself or without an eager cell). Where records say which compiler cache a trial
     found (``compiler_cache``: ``cold`` or ``warm``), ``compile_time_cold_s`` and
-    ``compile_time_warm_s`` are the same over those trials alone. ``perturbed_trials`` counts
+    ``compile_time_warm_s`` are the same over those trials alone. ``median_compiled_graphs``,
+    ``median_graph_breaks`` and ``median_recompilations`` are the medians of what the compiler
+    recorded in the ok trials (NaN for cells that do not compile), ``graph_break_reasons`` the
+    first :data:`REASONS_SHOWN` distinct reasons among them. ``perturbed_trials`` counts
     the ok trials judged perturbed (:mod:`ptspeed.analysis.conditions`; they stay in these
     statistics) and ``perturbed_reasons`` says by what.
     """
@@ -78,8 +85,12 @@ _SUMMARY_INPUTS = [
     "perturbed",
     "perturbed_reason",
     "attempt",
+    *COMPILER_COUNTS,
+    COMPILER_REASONS,
 ]
 COMPILER_CACHES = ("cold", "warm")
+# Graph-break reasons a summary row keeps (a record keeps ptspeed.cell.compiler.REASONS_KEPT).
+REASONS_SHOWN = 3
 
 
 def _first_steps(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -149,6 +160,7 @@ def _cell_stats(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
         "median_first_step_s": _median_of(trials["first_step_s"][ok]),
         "median_peak_memory_bytes": _median_of(trials["peak_memory_bytes"][ok]),
         "memory_kind": ", ".join(_distinct_texts(trials["memory_kind"][ok])),
+        **_compiler_stats(trials, ok),
         "reasons": _joined_reasons(trials["status"][~ok], trials["reason"][~ok]),
         # Out-of-memory retries ran at half the configured batch: their own rows, labelled.
         "retried_from_batch_size": ", ".join(
@@ -157,6 +169,19 @@ def _cell_stats(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
         **perturbed_counts(trials["perturbed"][ok], trials["perturbed_reason"][ok]),
         "reruns": rerun_count(trials["attempt"]),
     }
+
+
+def _compiler_stats(trials: Mapping[str, np.ndarray], ok: np.ndarray) -> dict[str, Any]:
+    """What the compiler did in the ok trials: the median of each count (NaN where no trial
+    counted, as in cells that do not compile) and the first distinct graph-break reasons."""
+    medians = {f"median_{name}": _median_of(trials[name][ok]) for name in COMPILER_COUNTS}
+    reasons = (
+        reason
+        for text in _distinct_texts(trials[COMPILER_REASONS][ok])
+        for reason in text.split(LIST_SEPARATOR)
+    )
+    shown = list(dict.fromkeys(reasons))[:REASONS_SHOWN]
+    return {**medians, COMPILER_REASONS: LIST_SEPARATOR.join(shown)}
 
 
 def noise_reason(summary: stats.Summary) -> str:

@@ -128,6 +128,15 @@ def format_compile_time(total: Any, cold: Any = None, warm: Any = None) -> str:
     return format_seconds(total) + (f" ({', '.join(kinds)})" if kinds else "")
 
 
+def format_compiler_counts(graphs: Any, breaks: Any, recompilations: Any) -> str:
+    """What the compiler did, as ``graphs / graph breaks / recompilations``: ``"3 / 2 / 0"``
+    (medians over ok trials, so also ``"1.5 / 0 / 0"``); blank for a cell that did not compile."""
+    counts = (graphs, breaks, recompilations)
+    if all(is_blank(count) for count in counts):
+        return BLANK
+    return " / ".join(BLANK if is_blank(count) else f"{float(count):g}" for count in counts)
+
+
 def format_mib(value_bytes: Any) -> str:
     return BLANK if is_blank(value_bytes) else f"{float(value_bytes) / BYTES_PER_MIB:.1f} MiB"
 

@@ -1,10 +1,12 @@
-"""The report's sections of results: the seed table, the claims, every cell, step times, memory
-and compilation, failures and noisy cells; and :data:`SECTION_BUILDERS`, the page's order.
+"""The report's sections of results: the seed table, the claims, the same cells across torch
+versions, every cell, step times, memory and compilation, failures and noisy cells; and
+:data:`SECTION_BUILDERS`, the page's order.
 
 Each builder takes the :class:`~ptspeed.render.page.ReportInputs` and returns a
-:class:`~ptspeed.render.page.Section`; its tables are built from the column lists of
-:mod:`ptspeed.render.tables`. To grow the report, write such a function and add it to
-:data:`SECTION_BUILDERS`. The sections on what ran and how are in :mod:`ptspeed.render.method`.
+:class:`~ptspeed.render.page.Section`, or None where the run has nothing for it (the page then
+leaves it out); its tables are built from the column lists of :mod:`ptspeed.render.tables`. To
+grow the report, write such a function and add it to :data:`SECTION_BUILDERS`. The sections on
+what ran and how are in :mod:`ptspeed.render.method`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 import pandas as pd
 
 from ptspeed.analysis import stats
+from ptspeed.analysis.columns import COMPILER_REASONS
 from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.summary import status_counts
+from ptspeed.analysis.versions import torch_versions, version_table
 from ptspeed.render.figures import (
     FIRST_STEP,
     PEAK_MEMORY,
@@ -31,6 +35,8 @@ from ptspeed.render.method import environments_section, method_section
 from ptspeed.render.page import Block, ReportInputs, Section, chart_block
 from ptspeed.render.tables import (
     CLAIMS_TABLE,
+    COMPILED_SEED_TABLE,
+    COMPILER_HEADER,
     FAILURES_TABLE,
     NOISY_TABLE,
     PERTURBED_TABLE,
@@ -38,6 +44,9 @@ from ptspeed.render.tables import (
     SEED_TABLE,
     SUMMARY_TABLE,
     Table,
+    compiler_counts,
+    version_columns,
+    version_rows,
 )
 
 
@@ -67,13 +76,31 @@ def _comparison_block(
     rows: pd.DataFrame, claims: Mapping[str, Any], keep_perturbed: bool = False
 ) -> Block:
     first = rows.iloc[0]
-    table = Table.of(SEED_TABLE, rows.to_dict("records"))
+    records = rows.to_dict("records")
+    compiled = any(compiler_counts("candidate_")(row) != BLANK for row in records)
+    table = Table.of(COMPILED_SEED_TABLE if compiled else SEED_TABLE, records)
     sides = (
         f"baseline {first['baseline_env']}/{first['baseline_variant']} → "
         f"candidate {first['candidate_env']}/{first['candidate_variant']}"
     )
     note = _claim_note(sides, first, claims) + _left_out_note(rows, keep_perturbed)
+    if compiled:
+        note += _compiler_note(records)
     return Block(table=table, heading=format_text(first["title"]), note=note)
+
+
+def _compiler_note(records: list[dict[str, Any]]) -> str:
+    """What the compiler column means, and the candidate's first graph-break reasons by model."""
+    reasons = [
+        f"{row['model']}: {row[f'candidate_{COMPILER_REASONS}']}"
+        for row in records
+        if not is_blank(row[f"candidate_{COMPILER_REASONS}"])
+    ]
+    breaks = f" Candidate's graph breaks: {'. '.join(reasons)}." if reasons else ""
+    return (
+        f" {COMPILER_HEADER}: graphs compiled, graph breaks and recompilations, medians over "
+        f"the ok trials (baseline → candidate where both compiled).{breaks}"
+    )
 
 
 def _left_out_note(rows: pd.DataFrame, keep_perturbed: bool) -> str:
@@ -145,6 +172,24 @@ def _claim_row(name: str, group: Mapping[str, Any], rows: pd.DataFrame) -> dict[
     return {"claim": name, **shown, "comparisons": comparisons, "verdicts": verdicts}
 
 
+def versions_section(inputs: ReportInputs) -> Section | None:
+    """The cells measured in several torch versions side by side; None with fewer than two."""
+    table = version_table(inputs.summary, torch_versions(inputs.runs))
+    if table is None:
+        return None
+    versions = " → ".join(dict.fromkeys(table.torch.values()))
+    return Section(
+        id="versions",
+        title=f"PyTorch {versions}",
+        intro=(
+            "The same model, variant, mode and size in each torch environment: the median "
+            "throughput over its ok trials (n = ok trials, perturbed ones included, as in Every "
+            "cell), oldest torch first, and beyond a row's oldest version its ratio to it."
+        ),
+        blocks=[Block(table=Table.of(version_columns(table), version_rows(table)))],
+    )
+
+
 def summary_section(inputs: ReportInputs) -> Section:
     table = Table.of(SUMMARY_TABLE, inputs.summary.to_dict("records"))
     throughput = chart_block(
@@ -158,7 +203,8 @@ def summary_section(inputs: ReportInputs) -> Section:
             "trials (n): the median with its distribution-free interval (its coverage shown "
             "where too few trials reach 95%), cv = standard deviation / mean. Compile time: the "
             "median first step beyond the median first step of the same environment's eager "
-            "cell (cold and warm compiler caches apart where the records say which)."
+            "cell (cold and warm compiler caches apart where the records say which). "
+            f"{COMPILER_HEADER}: what torch.compile did, medians over the ok trials."
         ),
         blocks=[throughput, Block(table=table)],
     )
@@ -288,9 +334,10 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
     return Block(table=table, heading="Perturbed trials", note=note)
 
 
-SECTION_BUILDERS: list[Callable[[ReportInputs], Section]] = [
+SECTION_BUILDERS: list[Callable[[ReportInputs], Section | None]] = [
     seed_section,
     claims_section,
+    versions_section,
     summary_section,
     timing_section,
     drift_section,
@@ -301,4 +348,6 @@ SECTION_BUILDERS: list[Callable[[ReportInputs], Section]] = [
 
 
 def build_sections(inputs: ReportInputs) -> list[Section]:
-    return [build(inputs) for build in SECTION_BUILDERS]
+    """The page's sections in order, leaving out those whose builder has nothing to show."""
+    built = (build(inputs) for build in SECTION_BUILDERS)
+    return [section for section in built if section is not None]

@@ -13,11 +13,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ptspeed.analysis.columns import COMPILER_COUNTS
 from ptspeed.analysis.conditions import other_cpu_share
+from ptspeed.analysis.versions import VersionTable
 from ptspeed.render.formatting import (
     BLANK,
     format_batch,
     format_compile_time,
+    format_compiler_counts,
     format_flag,
     format_fraction_as_percent,
     format_int,
@@ -27,6 +30,7 @@ from ptspeed.render.formatting import (
     format_rate_interval,
     format_samples_per_s,
     format_seconds,
+    format_speedup,
     format_speedup_interval,
     format_text,
     format_verdict,
@@ -101,8 +105,16 @@ def _median(row: Row) -> str:
     )
 
 
+def compiler_counts(prefix: str = "") -> Callable[[Row], str]:
+    """A cell's compiler counts (the summary's medians; ``prefix``: a speedups side's)."""
+    return lambda row: format_compiler_counts(
+        *(row[f"{prefix}median_{name}"] for name in COMPILER_COUNTS)
+    )
+
+
 CELL_COLUMNS = [Column(key, text(key)) for key in ("env", "model", "variant", "mode")]
 CV = Column("cv", lambda row: format_fraction_as_percent(row["cv"]), align="right")
+COMPILER_HEADER = "graphs / breaks / recompiles"
 
 # --- the seed table and the claims ---------------------------------------------------------------
 
@@ -126,15 +138,30 @@ def _side_rate(side: str) -> Column:
     return Column(f"{side} samples/s", value, align="right")
 
 
-SEED_TABLE = [
+def _sides_compiler_counts(row: Row) -> str:
+    """The candidate's compiler counts, after the baseline's where it compiled too."""
+    baseline, candidate = compiler_counts("baseline_")(row), compiler_counts("candidate_")(row)
+    return candidate if baseline == BLANK else f"{baseline} → {candidate}"
+
+
+_SEED_MEASURED = [
     Column("model", text("model")),
     Column("mode", text("mode")),
     Column("batch", integer("batch_size"), align="right"),
     _side_rate("baseline"),
     _side_rate("candidate"),
     Column("speedup [interval, 95% unless stated]", _speedup, align="right"),
+]
+_SEED_CLAIMED = [
     Column("published", _published, wrap=True),
     Column("verdict", lambda row: format_verdict(row["verdict"], row["verdict_reason"]), wrap=True),
+]
+SEED_TABLE = [*_SEED_MEASURED, *_SEED_CLAIMED]
+# A comparison whose candidate compiled: what the compiler did, beside the speedup.
+COMPILED_SEED_TABLE = [
+    *_SEED_MEASURED,
+    Column(COMPILER_HEADER, _sides_compiler_counts, align="right"),
+    *_SEED_CLAIMED,
 ]
 
 CLAIMS_TABLE = [
@@ -186,6 +213,7 @@ SUMMARY_TABLE = [
     Column("reruns", integer("reruns"), align="right"),
     Column("first step", lambda row: format_seconds(row["median_first_step_s"]), align="right"),
     Column("compile time", _compile_time, align="right"),
+    Column(COMPILER_HEADER, compiler_counts(), align="right"),
     Column("peak memory", lambda row: format_mib(row["median_peak_memory_bytes"]), align="right"),
 ]
 
@@ -236,3 +264,35 @@ NOISY_TABLE = [
     CV,
     Column("reason", text("noisy_reason"), wrap=True),
 ]
+
+# --- across torch versions -----------------------------------------------------------------------
+
+
+def version_columns(table: VersionTable) -> list[Column]:
+    """The cell, then each environment's median samples/s, oldest torch first; beyond a row's
+    oldest, with its ratio to it. Rows: :func:`version_rows`."""
+    return [
+        Column("model", text("model")),
+        Column("variant", text("variant")),
+        Column("mode", text("mode")),
+        Column("batch", integer("batch_size"), align="right"),
+        *(_version_rate(env, table.torch[env]) for env in table.envs),
+    ]
+
+
+def version_rows(table: VersionTable) -> list[dict[str, Any]]:
+    return [
+        {**row.cell, "rates": row.rates, "trials": row.trials, "ratios": row.ratios}
+        for row in table.rows
+    ]
+
+
+def _version_rate(env: str, torch: str) -> Column:
+    def value(row: Row) -> str:
+        if env not in row["rates"]:
+            return BLANK
+        rate = format_rate(row["rates"][env], row["trials"][env])
+        oldest = next(iter(row["rates"]))
+        return rate if env == oldest else f"{rate} {format_speedup(row['ratios'][env])}"
+
+    return Column(f"{env} (torch {torch}) samples/s", value, align="right")
