@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptspeed.analysis import ranks, stats
-from ptspeed.analysis.columns import ALPHA, CONFIDENCE
+from ptspeed.analysis.columns import ALPHA, CONFIDENCE, SIDES
 
 MEASURED = "measured"
 NOT_MEASURED = "not measured"
@@ -54,7 +54,7 @@ def verdict(
     missing = [
         f"{side} ({row[f'{side}_env']}/{row[f'{side}_variant']}: "
         f"{row.get(f'{side}_statuses') or 'no records'})"
-        for side in ("baseline", "candidate")
+        for side in SIDES
         if row[f"{side}_trials"] == 0 or math.isnan(row[f"{side}_samples_per_s"])
     ]
     if missing:

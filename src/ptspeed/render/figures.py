@@ -35,6 +35,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
+from ptspeed.analysis.columns import SIDES
+
 WIDTH_IN = 6.4
 FONT = 9
 CHAR_IN = 0.07  # about the width of a 9-point character, in inches
@@ -200,7 +202,6 @@ def cell_dots(summary: pd.DataFrame, spec: DotSpec) -> Chart | None:
 # --- drift over the run ---------------------------------------------------------------------------
 
 DRIFT_HEIGHT_IN = 2.4
-SIDES = ("baseline", "candidate")
 
 
 def drift_plot(runs: pd.DataFrame, comparison: Mapping[str, Any]) -> Chart | None:

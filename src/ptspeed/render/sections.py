@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from ptspeed.analysis import stats
-from ptspeed.analysis.columns import COMPILER_REASONS
+from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
 from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
@@ -103,20 +103,22 @@ def _compiler_note(records: list[dict[str, Any]]) -> str:
     )
 
 
+def _most_per_side(rows: pd.DataFrame, column: str) -> dict[str, int]:
+    """Each side's largest ``{side}_{column}`` count over a comparison's rows (blank: 0)."""
+    return {
+        side: int(pd.to_numeric(rows[f"{side}_{column}"], errors="coerce").fillna(0).max())
+        for side in SIDES
+    }
+
+
 def _left_out_note(rows: pd.DataFrame, keep_perturbed: bool) -> str:
     """How many perturbed trials each side had, and whether the speedups left them out."""
-    counts = {
-        side: int(pd.to_numeric(rows[f"{side}_perturbed_trials"], errors="coerce").fillna(0).max())
-        for side in ("baseline", "candidate")
-    }
+    counts = _most_per_side(rows, "perturbed_trials")
     if not any(counts.values()):
         return ""
     what = "kept (conditions.keep_perturbed)" if keep_perturbed else "left out of n and the speedup"
     shown = ", ".join(f"{side} up to {n}" for side, n in counts.items() if n)
-    reruns = {
-        side: int(pd.to_numeric(rows[f"{side}_reruns"], errors="coerce").fillna(0).max())
-        for side in ("baseline", "candidate")
-    }
+    reruns = _most_per_side(rows, "reruns")
     ran = ", ".join(f"{side} up to {plural(n, 'rerun')}" for side, n in reruns.items() if n)
     again = f"; the workflow ran them again ({ran} per model)" if ran else ""
     return f" Perturbed trials ({shown} per model; see Perturbed trials): {what}{again}."
