@@ -34,6 +34,7 @@ OTHER_VALUES: dict[str, Any] = {
     "warmup_steps": 5,
     "measured_steps": 11,
     "numerics_steps": 0,
+    "numerics_by_first_trial": True,
     "device": "cuda:1",
     "threads": 3,
     "timeout_s": 90.5,

@@ -17,7 +17,7 @@ from jsonschema import Draft202012Validator
 from torch import nn
 from torch.nn import functional
 
-from ptspeed.cell.harness import run_cell
+from ptspeed.cell.harness import GATE_IN_FIRST_TRIAL, run_cell
 from ptspeed.cell.record import CellSpec, Record, write_record
 from ptspeed.cell.schema import json_schema
 from ptspeed.models import REGISTRY, Batch, ModelSpec, Sizes
@@ -214,6 +214,30 @@ def test_numerics_steps_zero_skips_the_check() -> None:
     assert record.status == "ok"
     assert record.numerics.checked is False
     assert record.numerics.reason == "numerics_steps is 0"
+
+
+def test_a_later_trial_leaves_the_gate_to_the_first_and_runs_the_same_steps() -> None:
+    """A wrong variant's later trial is not judged in the cell (aggregation gives it trial 0's
+    verdict) but runs as many steps as trial 0, so that its last loss is the same trajectory's."""
+    first = run_cell(
+        tiny_cell("mlp", "loader=0", warmup_steps=1, numerics_steps=2, fault="numerics")
+    )
+    later = run_cell(
+        tiny_cell(
+            "mlp",
+            "loader=0",
+            warmup_steps=1,
+            numerics_steps=2,
+            fault="numerics",
+            numerics_by_first_trial=True,
+        )
+    )
+    assert first.status == "numerics_mismatch"
+    assert later.status == "ok", later.reason
+    assert later.numerics.checked is False
+    assert later.numerics.reason == GATE_IN_FIRST_TRIAL
+    assert later.metrics.warmup_steps_run == first.metrics.warmup_steps_run == 2
+    assert later.metrics.loss_last == first.metrics.loss_last
 
 
 class DropoutNet(nn.Module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shlex
 from typing import Any
 
@@ -118,6 +119,19 @@ def test_a_jobs_command_line_runs_its_cells_spec(
     line = cell_command_line(config, wildcards, device_class, threads=4)
     assert from_arguments(shlex.split(line)) == cell_spec(config, cell, device_class, threads)
     assert line.endswith(" --oom-retry")
+
+
+def test_only_a_cell_s_first_trial_runs_the_numerics_gate(config: dict[str, Any]) -> None:
+    """Reruns (trials past the configured count) too leave the gate to trial 0."""
+    config["trials"] = 3
+    by_trial = {
+        cell.trial: cell_spec(config, cell, "cpu").numerics_by_first_trial
+        for cell in cells(config, "cpu")
+    }
+    rerun = next(cell for cell in cells(config, "cpu") if cell.trial == 2)
+    rerun = dataclasses.replace(rerun, trial=5)
+    assert by_trial == {0: False, 1: True, 2: True}
+    assert cell_spec(config, rerun, "cpu").numerics_by_first_trial
 
 
 # --- check_config: one line naming the key --------------------------------------------------

@@ -8,7 +8,9 @@ The entry point of aggregation (scripts/aggregate.py, the workflow's aggregate r
   status ``missing``, instead of an exception: one bad file never hides the rest of a run, and
   the report can name what is absent (:mod:`ptspeed.analysis.records`). Train-mode trials then
   get the late numerics check (:mod:`ptspeed.analysis.late_numerics`): a last loss that strays
-  from the same environment's eager cell makes the trial ``numerics_mismatch``. Where the path
+  from the same environment's eager cell makes the trial ``numerics_mismatch``, as does a
+  failed numerics gate in the cell's first trial for its later trials
+  (:mod:`ptspeed.analysis.first_trial_gate`). Where the path
   follows the workflow's layout (``records/<env>/<model>/<variant>/<mode>/<size>/trial<N>.json``)
   such rows carry the cell.
 * :func:`ptspeed.analysis.summary.summary_table` groups the runs by cell (environment, model,
@@ -35,6 +37,7 @@ import yaml
 
 from ptspeed.analysis.columns import CELL_KEYS, RUNS_COLUMNS, STEPS_COLUMNS, typed_runs, typed_steps
 from ptspeed.analysis.conditions import judge_runs
+from ptspeed.analysis.first_trial_gate import share_first_trial_gate
 from ptspeed.analysis.late_numerics import check_late_losses
 from ptspeed.analysis.records import read_row, step_rows
 from ptspeed.analysis.reruns import rerun_columns
@@ -48,8 +51,10 @@ def load_tables(
 
     Train-mode trials then get the late numerics check against their environment's eager cell
     (:func:`ptspeed.analysis.late_numerics.check_late_losses`): a trial that fails it becomes
-    ``numerics_mismatch`` and its steps leave the steps frame. Every ok trial is then judged
-    quiet or perturbed from its recorded conditions with ``config``'s thresholds
+    ``numerics_mismatch`` and its steps leave the steps frame, as do the later trials of a cell
+    whose first trial failed its numerics gate
+    (:func:`ptspeed.analysis.first_trial_gate.share_first_trial_gate`). Every ok trial is then
+    judged quiet or perturbed from its recorded conditions with ``config``'s thresholds
     (:func:`ptspeed.analysis.conditions.judge_runs`).
 
     A path with no file gives a row with status ``missing``; a file that cannot be opened, is not
@@ -63,15 +68,17 @@ def load_tables(
         rows.append(row)
         if row["status"] == "ok":
             steps.extend(step_rows(row, step_times))
-    runs = check_late_losses(typed_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS)))
+    runs = typed_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS))
+    read_ok = runs["status"] == "ok"
+    runs = check_late_losses(share_first_trial_gate(runs))
     runs = rerun_columns(judge_runs(runs, config), config)
     steps = typed_steps(pd.DataFrame(steps, columns=STEPS_COLUMNS))
-    return runs, _steps_of_ok_trials(steps, runs)
+    return runs, _steps_of_ok_trials(steps, runs[read_ok & (runs["status"] != "ok")])
 
 
-def _steps_of_ok_trials(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """The steps of trials still ok after the late numerics check."""
-    failed = runs[(runs["late_check"].fillna("") != "") & (runs["status"] != "ok")]
+def _steps_of_ok_trials(steps: pd.DataFrame, failed: pd.DataFrame) -> pd.DataFrame:
+    """The steps of trials still ok after the numerics checks of aggregation (``failed``: the
+    trials read ok that they turned ``numerics_mismatch``)."""
     if failed.empty or steps.empty:
         return steps
     keys = [*CELL_KEYS, "trial"]

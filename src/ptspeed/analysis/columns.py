@@ -224,7 +224,9 @@ _FLOAT_COLUMNS = [
         if c not in (*CONDITION_INT_COLUMNS, *CONDITION_TEXT_COLUMNS, "pinned")
     ),
 ]
-_FLAG_COLUMNS = ["numerics_passed", "pinned", "perturbed"]
+# A later trial of a cell, whose numerics gate its first trial ran (CellSpec).
+FIRST_TRIAL_FLAG = "numerics_by_first_trial"
+_FLAG_COLUMNS = ["numerics_passed", "pinned", "perturbed", FIRST_TRIAL_FLAG]
 _TEXT_COLUMNS = [
     c for c in RUNS_COLUMNS if c not in (*_INT_COLUMNS, *_FLOAT_COLUMNS, *_FLAG_COLUMNS)
 ]

@@ -56,6 +56,13 @@ class CellSpec:
     numerics_steps: int = _doc(
         "Steps checked against eager (after the knob's one-off calls); 0: no check.", 2
     )
+    numerics_by_first_trial: bool = _doc(
+        "Leave the numerics gate to the cell's first trial, which runs the same seeded "
+        "computation (the workflow's later trials and reruns): the steps run as there, nothing "
+        "is copied or compared; aggregation gives this trial the first trial's verdict and "
+        "still holds its last loss against eager's (the late check).",
+        False,
+    )
     device: str = _doc("Requested device: 'auto', 'cpu' or 'cuda'.", "auto")
     threads: int = _doc("CPU threads for torch (0: torch's default).", 0)
     timeout_s: float = _doc(

@@ -53,8 +53,13 @@ class CheckCapture:
     mode: str
     device: torch.device
     parameter_names: list[str] = field(default_factory=list)
+    # False where the gate is left to the cell's first trial: the check steps still run (and
+    # GradScaler's skips still lengthen them) as there, but nothing is copied to the host.
+    copies: bool = True
 
     def before(self) -> Snapshot:
+        if not self.copies:
+            return Snapshot({}, [], _rng_state(self.device), _scale(self.step), restorable=False)
         state = self.placement.full_state(self.model)
         momentum = self.placement.momentum(self.step.optimizer)
         restorable = not any(m is not None for m in momentum) or len(momentum) == len(
@@ -65,11 +70,13 @@ class CheckCapture:
     def after(self, snapshot: Snapshot, output: Any) -> numerics.StepValues | None:
         """The step's values; None when GradScaler skipped the step (an fp16 overflow, which
         eager, without a scaler, never has)."""
+        if snapshot.scale is not None and _scale(self.step) < snapshot.scale:
+            return None
+        if not self.copies:
+            return numerics.StepValues()
         if self.mode == "infer":
             return numerics.StepValues(output=self.placement.reported_output(output_sample(output)))
         after = self.placement.full_state(self.model)
-        if snapshot.scale is not None and _scale(self.step) < snapshot.scale:
-            return None
         gradients = self.placement.gradients(self.model)
         return numerics.StepValues(
             loss=float(output.double().item()),

@@ -103,6 +103,9 @@ def cell_spec(
         warmup_steps=steps["warmup"],
         measured_steps=steps["measured"],
         numerics_steps=steps["numerics"],
+        # The trials of a cell run the same seeded computation: the first one's numerics gate
+        # (about half a warm compiled trial's time on the CPU) stands for the later ones.
+        numerics_by_first_trial=cell.trial > 0,
         device=device_class,
         threads=threads,
         timeout_s=config["timeout_s"],
