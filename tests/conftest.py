@@ -39,15 +39,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ptspeed"))
 # Installing packages or making a venv: pip's and uv's subcommands that do it.
 _INSTALLERS = {"pip", "uv"}
 _INSTALLING = {"install", "sync", "download", "venv"}
+_BROWSERS = {"chromium", "chromium-browser", "google-chrome", "chrome"}
 
 
 def marker_needed(argv: Sequence[Any]) -> str:
-    """The marker a command calls for ('' for none): Snakemake, a venv, a package install."""
+    """The marker a command calls for ('' for none): Snakemake, a browser, a venv, a package
+    install."""
     words = [os.fspath(w) if isinstance(w, os.PathLike) else str(w) for w in argv]
     if not words:
         return ""
     if Path(words[0]).name == "snakemake":
         return "workflow"
+    if Path(words[0]).name in _BROWSERS:
+        return "browser"
     if "-m" in words[:-1]:  # python -m MODULE ...
         words = words[words.index("-m") + 1 :]
         if words[0] == "snakemake":

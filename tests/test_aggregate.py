@@ -645,6 +645,7 @@ def test_verdict_on_constructed_rows(
 # --- the command line ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_writes_the_four_tables(tmp_path: Path, record_paths: list[Path]) -> None:
     out_dir = aggregate_cli(tmp_path, record_paths)
     assert sorted(p.name for p in out_dir.iterdir()) == [
@@ -670,6 +671,7 @@ def test_cli_writes_the_four_tables(tmp_path: Path, record_paths: list[Path]) ->
     assert not row["significant"]
 
 
+@pytest.mark.slow
 def test_cli_names_a_listed_record_that_does_not_exist(
     tmp_path: Path, record_paths: list[Path]
 ) -> None:
@@ -683,6 +685,7 @@ def test_cli_names_a_listed_record_that_does_not_exist(
     assert gpt2["statuses"] == "unsupported:1 missing:1"
 
 
+@pytest.mark.slow
 def test_cli_accepts_records_as_arguments(tmp_path: Path, record_paths: list[Path]) -> None:
     config, claims = write_inputs(tmp_path)
     result = run_aggregate_script(
@@ -693,6 +696,7 @@ def test_cli_accepts_records_as_arguments(tmp_path: Path, record_paths: list[Pat
     assert len(read_table(tmp_path / "t" / "runs.csv")) == len(record_paths)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", ["missing config", "bad config", "missing list"])
 def test_cli_reports_bad_input_in_one_line(tmp_path: Path, problem: str) -> None:
     config, claims = write_inputs(tmp_path)

@@ -152,6 +152,7 @@ def test_golden_inputs_cover_every_status() -> None:
     assert "consistent with the claim" in set(speedups["verdict"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TABLES)
 def test_the_same_records_give_the_same_table(tables: Path, name: str) -> None:
     expected = ROOT / EXPECTED / f"{name}.csv"

@@ -466,6 +466,7 @@ def local_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         server.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_push_pins_by_digest_and_apptainer_builds_from_it(
     local_registry: str, tmp_path: Path
 ) -> None:

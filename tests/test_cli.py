@@ -32,6 +32,7 @@ def test_a_tiny_cell_writes_an_ok_record_atomically(tmp_path: Path) -> None:
     assert result.stderr.splitlines()[-1].startswith("mlp eager train batch 2: ok, ")
 
 
+@pytest.mark.slow
 def test_a_hung_cell_ends_as_a_timeout(tmp_path: Path) -> None:
     out = tmp_path / "cell.json"
     started = time.monotonic()

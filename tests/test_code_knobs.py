@@ -117,6 +117,7 @@ KEYWORD_SPEC = dataclasses.replace(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch_version() < (2, 0), reason="tracing with keywords needs torch >= 2.0")
 @pytest.mark.parametrize("mode", ["train", "infer"])
 def test_a_keyword_called_model_is_traced_and_keeps_its_output_type(
@@ -127,6 +128,7 @@ def test_a_keyword_called_model_is_traced_and_keeps_its_output_type(
     assert_ok_and_checked(record)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("knobs", ["jit=script", "jit=trace"])
 def test_torchscript_on_the_cpu_draws_eagers_dropout_masks(
     knobs: str, monkeypatch: pytest.MonkeyPatch
@@ -139,6 +141,7 @@ def test_torchscript_on_the_cpu_draws_eagers_dropout_masks(
     assert record.numerics.eager_spread_error < 1e-3
 
 
+@pytest.mark.slow
 def test_a_wrong_torchscript_step_is_caught() -> None:
     record = run_cell(tiny_cell("mlp", "jit=script", fault="grad"))
     assert record.status == "numerics_mismatch", record.reason
@@ -265,6 +268,7 @@ class BreakingNet(nn.Module):
 BREAKING_SPEC = dataclasses.replace(DROPOUT_SPEC, build=lambda sizes: BreakingNet())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch_version() < (2, 0), reason="torch.compile needs torch >= 2.0")
 def test_a_compiled_cell_records_graphs_and_compile_time_by_phase() -> None:
     record = run_cell(tiny_cell("mlp", "compile+backend=eager"))
@@ -277,6 +281,7 @@ def test_a_compiled_cell_records_graphs_and_compile_time_by_phase() -> None:
     assert all(seconds >= 0 for seconds in metrics.compile_time_by_phase_s.values())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch_version() < (2, 0), reason="torch.compile needs torch >= 2.0")
 def test_graph_breaks_and_recompilations_are_recorded_with_their_reasons(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -293,6 +298,7 @@ def test_graph_breaks_and_recompilations_are_recorded_with_their_reasons(
     assert_valid_json_record(record, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_cell_that_does_not_compile_records_no_compiler_stats() -> None:
     metrics = run_cell(tiny_cell("mlp", "jit=script")).metrics
     assert metrics.compiled_graphs is None and metrics.graph_breaks is None

@@ -324,6 +324,7 @@ def exit_status(argv: list[str]) -> int:
         return int(exit.code or 0)
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_never_shows_a_traceback(result_sets: tuple[Path, Path]) -> None:
     old, new = result_sets
     run = [sys.executable, str(SCRIPT), str(old)]

@@ -283,6 +283,7 @@ def test_missing_ranks_without_a_launcher_summary(tmp_path: Path) -> None:
 # --- a rank in this process (world size 1) ----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")
 @pytest.mark.parametrize("knobs", ["ddp+procs=1", "fsdp+procs=1"])
 def test_a_single_rank_measures_and_matches_eager(knobs: str, single_rank_group: None) -> None:
@@ -303,6 +304,7 @@ def test_a_single_rank_measures_and_matches_eager(knobs: str, single_rank_group:
         )
 
 
+@pytest.mark.slow
 def test_a_wrong_distributed_step_fails_the_numerics_gate(single_rank_group: None) -> None:
     spec = cell("ddp+procs=1", fault="numerics")
     record = run_cell(spec, Rank.from_environment(spec))

@@ -74,6 +74,7 @@ def assert_measured(record: Record, spec: CellSpec) -> None:
         assert metrics.loss_first is None and metrics.loss_last is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["train", "infer"])
 @pytest.mark.parametrize("model", by_cost(REGISTRY))
 def test_every_model_runs_a_tiny_cell(model: str, mode: str, tmp_path: Path) -> None:
@@ -123,6 +124,7 @@ SUPPORTED_ON_CPU: list[tuple[str, str, str, dict[str, Any]]] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "knobs", "mode", "fields"),
     [
@@ -174,6 +176,7 @@ def test_cuda_requested_without_a_gpu_is_unsupported() -> None:
     assert "no CUDA device" in record.reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["train", "infer"])
 def test_a_wrong_variant_is_a_numerics_mismatch(mode: str, tmp_path: Path) -> None:
     record = run_cell(tiny_cell("mlp", mode=mode, fault="numerics"))
@@ -187,6 +190,7 @@ def test_a_wrong_variant_is_a_numerics_mismatch(mode: str, tmp_path: Path) -> No
     assert_valid_json_record(record, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("knobs", "precision"), [("loader=0", "fp32"), ("amp=bf16", "bf16")])
 @pytest.mark.parametrize("mode", ["train", "infer"])
 def test_a_correct_variant_passes_the_numerics_gate(knobs: str, precision: str, mode: str) -> None:
@@ -216,6 +220,7 @@ def test_numerics_steps_zero_skips_the_check() -> None:
     assert record.numerics.reason == "numerics_steps is 0"
 
 
+@pytest.mark.slow
 def test_a_later_trial_leaves_the_gate_to_the_first_and_runs_the_same_steps() -> None:
     """A wrong variant's later trial is not judged in the cell (aggregation gives it trial 0's
     verdict) but runs as many steps as trial 0, so that its last loss is the same trajectory's."""
@@ -270,6 +275,7 @@ DROPOUT_SPEC = ModelSpec(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("knobs", knob_cases(["loader=0", "loader=2", "compile+backend=aot_eager"]))
 def test_random_ops_see_the_same_random_numbers_as_the_reference(
     knobs: str, monkeypatch: pytest.MonkeyPatch
@@ -294,6 +300,7 @@ def test_compiled_dropout_passes_within_the_spread_of_reseeded_eager(
     assert record.numerics.max_relative_error <= record.numerics.allowed_error
 
 
+@pytest.mark.slow
 def test_a_wrong_variant_with_light_dropout_is_still_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

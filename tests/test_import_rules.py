@@ -151,6 +151,7 @@ def _import_blocking(blocked: tuple[str, ...], modules: list[str]) -> subprocess
     )
 
 
+@pytest.mark.slow
 def test_the_cell_side_imports_without_the_host_libraries() -> None:
     done = _import_blocking(HOST_LIBRARIES, _cell_side_modules())
     assert done.returncode == 0, done.stderr[-2000:]

@@ -49,6 +49,7 @@ def one_off_step(calls: list[str], one_off: int) -> Any:
     return make_step
 
 
+@pytest.mark.slow
 def test_a_capture_on_the_fourth_call_ends_before_the_measured_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -65,6 +66,7 @@ def test_a_capture_on_the_fourth_call_ends_before_the_measured_window(
     assert len(calls) == 6 + 3 + 1  # and one checked step after the window
 
 
+@pytest.mark.slow
 def test_a_step_that_still_compiles_extends_the_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
     compiled = iter([0, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3])  # steps 0, 1, 2 compile
     monkeypatch.setattr(warmup, "compile_events", lambda: next(compiled))
@@ -117,6 +119,7 @@ def test_fault_free_cells_pass_the_gate(
     assert record.numerics.compared == "loss, gradients, update"
 
 
+@pytest.mark.slow
 def test_a_late_fault_is_caught_by_the_check_after_the_measured_window() -> None:
     steps = {"warmup_steps": 2, "measured_steps": 2, "numerics_steps": 2}
     right = run_cell(tiny_cell("mlp", "loader=0", **steps))

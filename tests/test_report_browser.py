@@ -57,10 +57,13 @@ window.addEventListener("load", () => {
 </script>
 """
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason=f"headless Chromium not found at {CHROMIUM} (apt-get install chromium)",
-)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"headless Chromium not found at {CHROMIUM} (apt-get install chromium)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

@@ -139,6 +139,7 @@ SPLITS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SPLITS))
 def test_each_models_layers_compute_its_own_loss_and_output(name: str) -> None:
     """The layers run one after the other are the model: the same loss (dropout drawn in the
@@ -208,6 +209,7 @@ def test_the_micro_batched_reference_is_whole_batch_eager_without_batch_norm() -
 # --- a stage in this process (world size 1) ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("knobs", "mode"), [("pipeline=1+chunks=3", "train"), ("modelpar=1", "infer")]
 )
@@ -225,6 +227,7 @@ def test_a_single_stage_measures_and_matches_eager(
     assert max(record.numerics.errors.values()) < 1e-3
 
 
+@pytest.mark.slow
 def test_a_wrong_staged_step_fails_the_numerics_gate(single_rank_group: None) -> None:
     spec = cell("pipeline=1", fault="grad")
     record = run_cell(spec, placement_of(spec))

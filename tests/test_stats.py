@@ -269,6 +269,7 @@ def simulated_coverage(
     return covered / simulations, claimed.pop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("n_baseline", "n_candidate"), [(3, 3), (4, 4), (5, 5), (6, 6), (3, 5)])
 def test_shift_interval_covers_the_true_ratio_at_its_stated_level(
     n_baseline: int, n_candidate: int
