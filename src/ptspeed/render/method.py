@@ -141,7 +141,9 @@ def method_section(inputs: ReportInputs) -> Section:
             f"(relative error): tolerances {tolerances}; allowed = max(tolerance, "
             f"{EAGER_ERROR_MULTIPLIER:g} × eager's own error at that precision, 3 × how far eager "
             "moves when its weights move by one fp32 rounding unit and, for compiled and "
-            "graph-captured variants, its dropout masks change)",
+            "graph-captured variants, its dropout masks change); run in each cell's first "
+            "trial, whose verdict its later trials and reruns (the same seeded computation) "
+            "take",
         ],
         ["late numerics check", _late_check_method()],
         ["perturbed trials", _perturbed_method(config)],
