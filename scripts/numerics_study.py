@@ -94,18 +94,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("numerics_study.csv"))
     args = parser.parse_args(argv)
     rows: list[dict[str, object]] = []
-    for model in args.models.split(","):
-        for variant in args.variants.split(","):
-            for seed in range(args.seeds):
-                rows += run(model, variant, seed, "", args.device)
-            for fault in filter(None, args.faults.split(",")):
-                for seed in range(args.fault_seeds):
-                    rows += run(model, variant, seed, fault, args.device)
-            print(f"{model} {variant}: done", file=sys.stderr, flush=True)
-    with args.out.open("w", newline="") as handle:
+    faults = ["", *filter(None, args.faults.split(","))]
+    with args.out.open("w", newline="") as handle:  # row by row: a stopped study keeps its cells
         writer = csv.DictWriter(handle, fieldnames=FIELDS)
         writer.writeheader()
-        writer.writerows(rows)
+        for model in args.models.split(","):
+            for variant in args.variants.split(","):
+                for fault in faults:
+                    for seed in range(args.fault_seeds if fault else args.seeds):
+                        cell_rows = run(model, variant, seed, fault, args.device)
+                        writer.writerows(cell_rows)
+                        handle.flush()
+                        rows += cell_rows
+                print(f"{model} {variant}: done", file=sys.stderr, flush=True)
     summarise(rows)
     return 0
 
