@@ -120,6 +120,7 @@ def test_asking_for_more_gpus_than_the_node_has_fails_at_once(tmp_path: Path) ->
     assert time.monotonic() - begun < 5
 
 
+@pytest.mark.slow
 def test_concurrent_cells_never_share_a_gpu(tmp_path: Path) -> None:
     """Six processes start at once on a 4-GPU node, some asking for 2: at no moment do two of
     them hold the same GPU, and the ones that had to wait got GPUs once others let go."""

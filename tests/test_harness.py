@@ -206,6 +206,7 @@ def test_a_correct_variant_passes_the_numerics_gate(knobs: str, precision: str, 
     assert check.max_relative_error <= check.allowed_error
 
 
+@pytest.mark.slow
 def test_the_fp64_reference_keeps_fp64_precision() -> None:
     check = run_cell(tiny_cell("mlp", "loader=0", numerics_steps=1)).numerics
     fp64_loss = check.fp64_values[0]

@@ -164,6 +164,7 @@ def failing_build(dtypes: tuple[torch.dtype, ...]) -> Any:
     return build
 
 
+@pytest.mark.slow
 def test_an_fp64_reference_out_of_memory_falls_back_to_fp32(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -174,6 +175,7 @@ def test_an_fp64_reference_out_of_memory_falls_back_to_fp32(
     assert "no fp64 reference (RuntimeError: CUDA out of memory" in record.numerics.reason
 
 
+@pytest.mark.slow
 def test_a_reference_that_cannot_run_leaves_numerics_not_checked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -662,6 +662,7 @@ def test_without_steps_the_step_figure_says_so(
     assert "Nothing to draw: no steps table was given." in text
 
 
+@pytest.mark.slow
 def test_a_figure_that_fails_leaves_a_note_and_the_tables(
     tmp_path: Path, tables: dict[str, pd.DataFrame], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -675,6 +676,7 @@ def test_a_figure_that_fails_leaves_a_note_and_the_tables(
     assert markdown_tables(section(text, "The seed table, measured"))
 
 
+@pytest.mark.slow
 def test_report_from_only_bad_records_renders(tmp_path: Path) -> None:
     corrupt = tmp_path / "results/records/e/m/v/train/b1/trial0.json"
     corrupt.parent.mkdir(parents=True)
@@ -689,6 +691,7 @@ def test_report_from_only_bad_records_renders(tmp_path: Path) -> None:
     assert "Records by status: missing:1 unreadable:1." in text
 
 
+@pytest.mark.slow
 def test_explicit_templates_dir(tmp_path: Path, tables: dict[str, pd.DataFrame]) -> None:
     templates = tmp_path / "templates"
     templates.mkdir()
@@ -852,6 +855,7 @@ def test_the_drift_plot_places_each_trial_at_its_start_against_the_baseline_medi
     assert figures.drift_plot(drift_runs(), DRIFT_COMPARISON) is not None
 
 
+@pytest.mark.slow
 def test_the_report_draws_one_drift_plot_per_comparison_that_recorded_start_times(
     tmp_path: Path, tables: dict[str, pd.DataFrame]
 ) -> None:
