@@ -330,7 +330,7 @@ def later_trial(directory: Path, trial: int, loss_last: float) -> Path:
     data = json.loads(path.read_text(encoding="utf-8"))
     data["cell"]["numerics_by_first_trial"] = True
     data["numerics"] = {"checked": False, "reason": GATE_IN_FIRST_TRIAL}
-    path.write_text(json.dumps(data), encoding="utf-8")
+    write_record_json(path, data)
     return path
 
 
@@ -342,7 +342,7 @@ def first_trial(directory: Path, passed: bool, loss_bound: float = 0.038) -> Pat
     if not passed:
         data["status"] = "numerics_mismatch"
         data["reason"] = "numerics: gradients 0.5 from fp64 (allowed 0.01)"
-    path.write_text(json.dumps(data), encoding="utf-8")
+    write_record_json(path, data)
     return path
 
 
@@ -383,7 +383,7 @@ def test_without_a_gate_trial_later_trials_get_the_late_check_alone(tmp_path: Pa
     failed = write(tmp_path, "torch-2.0", "compile", 0, None)
     data = json.loads(failed.read_text(encoding="utf-8"))
     data.update(status="failed", reason="killed", numerics={"checked": False})
-    failed.write_text(json.dumps(data), encoding="utf-8")
+    write_record_json(failed, data)
     paths = [*eager_trials(tmp_path), failed, later_trial(tmp_path, 1, EAGER_LOSS * 1.028)]
     row = row_of(load_tables(paths)[0], "torch-2.0", "compile", 1)
     assert row["status"] == "numerics_mismatch"  # 2.8 % against fp32's 2 %: no gate bound

@@ -32,35 +32,29 @@ def share_first_trial_gate(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs`` with each later trial given its cell's gate verdict, bound and precision."""
     runs = runs.copy()
     later = runs[FIRST_TRIAL_FLAG].fillna(False).astype(bool)
-    gates = runs[~later & runs["numerics_passed"].notna()]
-    for key, cell_gates in gates.groupby(_CELL, dropna=False):
-        in_cell = later & _matches(runs, key)
-        if not in_cell.any():
-            continue
-        _copy_gate_values(runs, in_cell, cell_gates)
-        failed = cell_gates[cell_gates["numerics_passed"] == False]  # noqa: E712 (nullable)
-        if not failed.empty:
-            first = failed.iloc[0]
-            why = f"numerics gate failed in trial {first['trial']} of this cell: {first['reason']}"
-            turned = in_cell & (runs["status"] == "ok")
-            runs.loc[turned, "status"] = NUMERICS_MISMATCH
-            runs.loc[turned, "reason"] = why
+    gate = ~later & runs["numerics_passed"].notna()
+    failed = gate & (runs["numerics_passed"] == False)  # noqa: E712 (nullable)
+    precision = runs["numerics_precision"].fillna("")
+    cell = [runs[key] for key in _CELL]
+
+    def of_cell(values: pd.Series, where: pd.Series, how: str) -> pd.Series:
+        """The cell's ``how`` of ``values`` over its rows ``where``, on every row of the cell."""
+        return values.where(where).groupby(cell, dropna=False).transform(how)
+
+    bound = of_cell(runs[GATE_LOSS_BOUND], gate, "max")
+    runs[GATE_LOSS_BOUND] = runs[GATE_LOSS_BOUND].mask(later & runs[GATE_LOSS_BOUND].isna(), bound)
+    gate_precision = of_cell(precision, gate & (precision != ""), "first")
+    runs["numerics_precision"] = runs["numerics_precision"].mask(
+        later & (precision == "") & gate_precision.notna(), gate_precision
+    )
+    failed_trial = of_cell(runs["trial"], failed, "first")
+    failed_reason = of_cell(runs["reason"], failed, "first")
+    turned = later & failed_trial.notna() & (runs["status"] == "ok")
+    runs.loc[turned, "status"] = NUMERICS_MISMATCH
+    runs.loc[turned, "reason"] = (
+        "numerics gate failed in trial "
+        + failed_trial[turned].astype(int).astype(str)
+        + " of this cell: "
+        + failed_reason[turned].astype(str)
+    )
     return runs
-
-
-def _matches(runs: pd.DataFrame, key: tuple) -> pd.Series:
-    mask = pd.Series(True, index=runs.index)
-    for column, value in zip(_CELL, key, strict=True):
-        mask &= runs[column].isna() if pd.isna(value) else runs[column] == value
-    return mask
-
-
-def _copy_gate_values(runs: pd.DataFrame, rows: pd.Series, gates: pd.DataFrame) -> None:
-    bound = gates[GATE_LOSS_BOUND].max()
-    if pd.notna(bound):
-        runs.loc[rows & runs[GATE_LOSS_BOUND].isna(), GATE_LOSS_BOUND] = bound
-    precisions = gates["numerics_precision"].dropna()
-    precisions = precisions[precisions != ""]
-    if not precisions.empty:
-        empty = runs["numerics_precision"].fillna("") == ""
-        runs.loc[rows & empty, "numerics_precision"] = precisions.iloc[0]
