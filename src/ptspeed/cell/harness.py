@@ -252,7 +252,7 @@ def _measure_variant(
         window_conditions = window.end()
     memory_bytes, memory_kind = peak_memory(device)
     checks = warmup.checks
-    if plan.check_count:
+    if plan.check_count and capture.copies:
         # One more step, after the measured window, checked from its own snapshot: a variant
         # that went wrong during the measurement (a recompilation mid-run) is caught here.
         checks = [*checks, *_checked_step(capture, run_step, next(indices))]
