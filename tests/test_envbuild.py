@@ -21,6 +21,7 @@ import pytest
 
 from ptspeed.envs import venvs as envbuild
 from ptspeed.envs.venvs import (
+    BUILD_FORMAT,
     INSTALLERS,
     MARKER_NAME,
     build_venv,
@@ -202,7 +203,10 @@ def installer(
 
 
 @pytest.mark.venv
-def test_build_venv_builds_marks_and_moves_into_place(tmp_path: Path, installer: str) -> None:
+def test_build_venv_builds_marks_and_moves_into_place(
+    tmp_path: Path, installer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # as in an image: only the build compiles
     requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
     dest = tmp_path / "envs"
     leftover = dest / f"tiny-{lock_hash(requirements)}"  # as an interrupted build leaves it
@@ -222,7 +226,10 @@ def test_build_venv_builds_marks_and_moves_into_place(tmp_path: Path, installer:
     assert marker["lock_hash"] == lock_hash(requirements)
     assert marker["requirements"] == str(requirements)
     assert marker["installer"] == installer
+    assert marker["build_format"] == BUILD_FORMAT
     assert marker["created_at"]
+    site_packages = next(venv.glob("lib/python*/site-packages"))
+    assert list((site_packages / "tinypkg" / "__pycache__").glob("__init__.*.pyc"))
     imported = subprocess.run(
         [venv_python(venv), "-c", "import sys, tinypkg; print(sys.prefix, tinypkg.__version__)"],
         capture_output=True,
@@ -245,7 +252,7 @@ def test_build_venv_reuses_a_complete_venv_without_running_anything(tmp_path: Pa
     venv = tmp_path / "envs" / f"tiny-{lock_hash(requirements)}"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
-    marker = {"name": "tiny", "lock_hash": lock_hash(requirements)}
+    marker = {"name": "tiny", "lock_hash": lock_hash(requirements), "build_format": BUILD_FORMAT}
     marker["python_version"] = platform.python_version()
     marker["modules"] = {"json": json.__version__}
     (venv / MARKER_NAME).write_text(json.dumps(marker))
@@ -355,6 +362,25 @@ def test_a_damaged_cached_venv_is_rebuilt_not_trusted(
 
 
 @pytest.mark.venv
+def test_a_venv_of_an_older_build_format_is_rebuilt_from_the_cache(
+    tmp_path: Path, installer: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
+    venv = build_tiny(requirements, tmp_path / "envs", installer)
+    marker_path = venv / MARKER_NAME
+    older = json.loads(marker_path.read_text())
+    del older["build_format"]  # as ptspeed wrote it before venvs were compiled to bytecode
+    marker_path.write_text(json.dumps(older))
+    capsys.readouterr()
+
+    assert build_tiny(requirements, tmp_path / "envs", installer) == venv
+    said = capsys.readouterr().err
+    assert "building environment tiny" in said
+    assert "without uv's cache" not in said  # outdated, not damaged: the cache is sound
+    assert json.loads(marker_path.read_text())["build_format"] == BUILD_FORMAT
+
+
+@pytest.mark.venv
 def test_two_runs_building_one_lock_build_it_once(tmp_path: Path, installer: str) -> None:
     requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
     dest = tmp_path / "envs"
@@ -397,7 +423,7 @@ def test_build_env_script_writes_the_interpreter_path(tmp_path: Path) -> None:
     # its python): the script must only find it and write the link.
     venv = tmp_path / "envs" / f"tiny-{lock_hash(requirements)}"
     fake_executable(venv / "bin" / "python", f'exec {sys.executable} "$@"')
-    marker = {"name": "tiny", "lock_hash": lock_hash(requirements)}
+    marker = {"name": "tiny", "lock_hash": lock_hash(requirements), "build_format": BUILD_FORMAT}
     marker["python_version"] = platform.python_version()
     marker["modules"] = {"torch": torch_version_of(sys.executable)}
     (venv / MARKER_NAME).write_text(json.dumps(marker))
