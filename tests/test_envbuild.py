@@ -188,6 +188,20 @@ def build_tiny(requirements: Path, dest: Path, installer: str = "pip") -> Path:
     )
 
 
+def lock_and_build_tiny(tmp_path: Path, installer: str) -> tuple[Path, Path]:
+    """An offline lock of tinypkg and its venv, built in ``tmp_path/envs``."""
+    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
+    return requirements, build_tiny(requirements, tmp_path / "envs", installer)
+
+
+def rebuild_tiny(
+    requirements: Path, tmp_path: Path, installer: str, capsys: pytest.CaptureFixture[str]
+) -> Path:
+    """Build the venv again, with only what this build says left in ``capsys``."""
+    capsys.readouterr()
+    return build_tiny(requirements, tmp_path / "envs", installer)
+
+
 @pytest.fixture(params=INSTALLERS)
 def installer(
     request: pytest.FixtureRequest,
@@ -345,13 +359,11 @@ def test_a_build_killed_midway_leaves_a_staging_dir_that_the_next_build_removes(
 def test_a_damaged_cached_venv_is_rebuilt_not_trusted(
     tmp_path: Path, installer: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
-    venv = build_tiny(requirements, tmp_path / "envs", installer)
+    requirements, venv = lock_and_build_tiny(tmp_path, installer)
     [module] = venv.glob("lib/python*/site-packages/tinypkg/__init__.py")
     module.write_text("raise ImportError('a file of the package was lost')\n")  # marker intact
-    capsys.readouterr()
 
-    assert build_tiny(requirements, tmp_path / "envs", installer) == venv
+    assert rebuild_tiny(requirements, tmp_path, installer, capsys) == venv
     said = capsys.readouterr().err
     assert (
         f"the cached environment tiny is broken (tinypkg does not import as built): {venv}" in said
@@ -365,15 +377,13 @@ def test_a_damaged_cached_venv_is_rebuilt_not_trusted(
 def test_a_venv_of_an_older_build_format_is_rebuilt_from_the_cache(
     tmp_path: Path, installer: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
-    venv = build_tiny(requirements, tmp_path / "envs", installer)
+    requirements, venv = lock_and_build_tiny(tmp_path, installer)
     marker_path = venv / MARKER_NAME
     older = json.loads(marker_path.read_text())
     del older["build_format"]  # as ptspeed wrote it before venvs were compiled to bytecode
     marker_path.write_text(json.dumps(older))
-    capsys.readouterr()
 
-    assert build_tiny(requirements, tmp_path / "envs", installer) == venv
+    assert rebuild_tiny(requirements, tmp_path, installer, capsys) == venv
     said = capsys.readouterr().err
     assert "building environment tiny" in said
     assert "without uv's cache" not in said  # outdated, not damaged: the cache is sound
