@@ -3,7 +3,7 @@
 The records (``records/<env>/<model>/<variant>/<mode>/<size>/trial<N>.json``, the workflow's
 layout) cover every status aggregation tells apart: ok trials, a failed and an unsupported
 one, a stale record (its path names batch 8, it holds 16), a listed path with no file, a file
-that is not JSON, and a trial whose last loss strays from its eager cell (numerics_mismatch);
+that is not JSON, and a trial whose late loss strays from its eager cell (numerics_mismatch);
 two environments, three models, a comparison with a published claim (with a model the matrix
 does not run) and one without. scripts/aggregate.py reads them as the workflow's aggregate
 rule does, and its four CSVs must equal the expected ones beside the records: every column
@@ -91,7 +91,14 @@ def record_path(env: str, model: str, variant: str, trial: int) -> Path:
 def golden_record(cell: tuple[Any, ...]) -> Record:
     env, model, variant, trial, status, rate, loss, cache, reason = cell
     record = make_record(env, model, variant, trial, status, rate, reason)
-    metrics = dataclasses.replace(record.metrics, loss_last=loss, compiler_cache=cache)
+    late_step = record.cell.warmup_steps + record.cell.measured_steps if loss else None
+    metrics = dataclasses.replace(
+        record.metrics,
+        loss_last=loss,
+        late_loss=loss,
+        late_loss_step=late_step,
+        compiler_cache=cache,
+    )
     if variant == "compile" and (model, trial) in COMPILER:
         graphs, breaks, recompilations, reasons = COMPILER[(model, trial)]
         metrics = dataclasses.replace(

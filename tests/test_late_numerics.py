@@ -34,20 +34,24 @@ def write(
     env: str,
     variant: str,
     trial: int,
-    loss_last: Any,
+    loss: Any,
     *,
+    warmup_steps_run: int = 3,
     knobs: str | None = None,
     mode: str = "train",
     first_step_s: float | None = None,
     compiler_cache: str | None = None,
     model: str = "gpt2",
 ) -> Path:
-    """A record of ``variant`` with the given last loss (anything JSON can hold)."""
+    """A record of ``variant`` whose late and last losses (eager's last step, the 13th) are
+    ``loss`` (anything JSON can hold)."""
     record = make_record(env, model, variant, trial, "ok", 100.0 + trial)
     record.cell.knobs = knobs or variant
     record.cell.mode = mode
     data = record.to_dict()
-    data["metrics"]["loss_last"] = loss_last
+    late_step = record.cell.warmup_steps + record.cell.measured_steps
+    data["metrics"] |= {"warmup_steps_run": warmup_steps_run, "late_loss_step": late_step}
+    data["metrics"] |= {"late_loss": loss, "loss_last": loss}
     if first_step_s is not None:
         data["metrics"]["first_step_s"] = first_step_s
     if compiler_cache is not None:
@@ -119,7 +123,7 @@ def test_the_late_fault_is_a_mismatch_and_leaves_the_statistics(tmp_path: Path) 
     assert row["late_check"] == "mismatch"
     assert row["late_loss_error"] == pytest.approx(0.1)
     assert row["reason"] == (
-        f"late numerics check: last loss {wrong:.6g} is 10.00% from the eager cell's "
+        f"late numerics check: step 13's loss {wrong:.6g} is 10.00% from the eager cell's "
         f"{EAGER_LOSS:.6g} (allowed {LATE_TOLERANCES['fp32']:.1%} at fp32)"
     )
     compiled = steps[steps["variant"] == "compile"]
@@ -182,10 +186,39 @@ def test_a_variant_with_its_own_random_numbers_gets_its_gates_loss_bound(tmp_pat
     assert row["late_allowed_error"] == pytest.approx(0.038)
     assert (row["status"], row["late_check"]) == ("ok", "passed")
     late = write(tmp_path, "torch-2.0", "compile", 1, EAGER_LOSS * LATE_FAULT_SCALE)
-    data["metrics"]["loss_last"] = EAGER_LOSS * LATE_FAULT_SCALE
+    data["metrics"]["late_loss"] = EAGER_LOSS * LATE_FAULT_SCALE
     late.write_text(json.dumps({**data, "cell": {**data["cell"], "trial": 1}}), encoding="utf-8")
     row = row_of(load_tables([*eager_trials(tmp_path), late])[0], "torch-2.0", "compile", 1)
     assert row["status"] == "numerics_mismatch"  # the late fault stays beyond that bound
+
+
+@pytest.mark.parametrize("scale", [1.0, LATE_FAULT_SCALE])
+def test_a_longer_warm_up_is_checked_at_eager_s_last_step(tmp_path: Path, scale: float) -> None:
+    """TorchScript's profiling runs lengthen the warm-up to 4 steps (eager runs 3): the
+    variant's loss at step 13, inside its measured window, is eager's last step's, while its
+    last loss (step 14) follows one more update."""
+    loss = EAGER_LOSS * scale
+    variant = write(tmp_path, "torch-2.0", "jit", 0, loss, warmup_steps_run=4, knobs="jit=script")
+    data = json.loads(variant.read_text(encoding="utf-8"))
+    data["metrics"]["loss_last"] = EAGER_LOSS * 0.9
+    write_record_json(variant, data)
+    row = row_of(load_tables([*eager_trials(tmp_path), variant])[0], "torch-2.0", "jit")
+    assert row["late_loss_error"] == pytest.approx(scale - 1.0, abs=1e-12)
+    expected = ("ok", "passed") if scale == 1.0 else ("numerics_mismatch", "mismatch")
+    assert (row["status"], row["late_check"]) == expected
+
+
+def test_a_record_from_before_the_late_loss_is_checked_at_its_last_step(tmp_path: Path) -> None:
+    """A record written before ``late_loss`` existed: its last loss, at step warm-up run +
+    measured, is compared with eager's loss of that step."""
+    older = write(tmp_path, "torch-2.0", "compile", 0, math.nan)
+    data = json.loads(older.read_text(encoding="utf-8"))
+    del data["metrics"]["late_loss"], data["metrics"]["late_loss_step"]
+    data["metrics"]["loss_last"] = EAGER_LOSS * LATE_FAULT_SCALE
+    write_record_json(older, data)
+    row = row_of(load_tables([*eager_trials(tmp_path), older])[0], "torch-2.0", "compile")
+    assert (row["status"], row["late_loss_step"]) == ("numerics_mismatch", 13)
+    assert row["reason"].startswith("late numerics check: step 13's loss")
 
 
 def test_an_unknown_precision_is_refused() -> None:
@@ -195,7 +228,7 @@ def test_an_unknown_precision_is_refused() -> None:
 
 @pytest.mark.parametrize("loss", [math.nan, math.inf, "nan", "-inf"])
 @pytest.mark.parametrize("variant", ["compile", "eager"])
-def test_a_non_finite_last_loss_is_a_mismatch(tmp_path: Path, loss: Any, variant: str) -> None:
+def test_a_non_finite_late_loss_is_a_mismatch(tmp_path: Path, loss: Any, variant: str) -> None:
     paths = [
         write(tmp_path, "torch-2.0", "eager", 1, EAGER_LOSS),
         write(tmp_path, "torch-2.0", variant, 0, loss),
@@ -203,8 +236,8 @@ def test_a_non_finite_last_loss_is_a_mismatch(tmp_path: Path, loss: Any, variant
     runs, _ = load_tables(paths)
     row = row_of(runs, "torch-2.0", variant)
     assert row["status"] == "numerics_mismatch"
-    assert row["late_check"].startswith("mismatch: the last loss is not finite")
-    assert row["reason"].startswith("late numerics check: the last loss is not finite")
+    assert row["late_check"].startswith("mismatch: a loss is not finite")
+    assert row["reason"].startswith("late numerics check: a loss is not finite")
 
 
 def test_only_the_same_environment_s_eager_is_the_reference(tmp_path: Path) -> None:
@@ -228,7 +261,7 @@ def test_unrecorded_losses_and_infer_mode_are_not_checked(tmp_path: Path) -> Non
     ]
     runs, _ = load_tables(paths)
     assert row_of(runs, "torch-2.0", "compile", 0)["late_check"] == (
-        "not checked: no last loss recorded"
+        "not checked: no late loss recorded"
     )
     infer = row_of(runs, "torch-2.0", "compile", 1)
     assert (infer["status"], infer["late_check"]) == ("ok", "")
@@ -292,11 +325,11 @@ def test_records_without_cache_kinds_have_no_cold_or_warm_times(tmp_path: Path) 
 # --- real cells ----------------------------------------------------------------------------------
 
 
-def run_cell(out: Path, variant: str) -> dict[str, Any]:
+def run_cell(out: Path, variant: str, *extra: str) -> dict[str, Any]:
     command = [
         sys.executable, "-m", "ptspeed", "cell", "--model", "mlp", "--variant", variant,
         "--mode", "train", "--batch-size", "32", "--device", "cpu", "--threads", "1",
-        "--env", "host", "--out", str(out),
+        "--env", "host", "--out", str(out), *extra,
     ]  # fmt: skip
     subprocess.run(command, check=True, cwd=REPO, capture_output=True, timeout=600)
     return json.loads(out.read_text(encoding="utf-8"))
@@ -312,8 +345,8 @@ def test_real_mlp_cells_pass_and_a_late_error_is_caught(tmp_path: Path) -> None:
     row = runs[runs["variant"] == "amp=bf16"].iloc[0]
     assert (row["status"], row["late_check"]) == ("ok", "passed")
     assert row["late_loss_error"] < row["late_allowed_error"]
-    # What the harness's `late` fault does to the last loss: x 1.1 after the checked steps.
-    data["metrics"]["loss_last"] *= LATE_FAULT_SCALE
+    # What the harness's `late` fault does to the late loss: x 1.1 after the checked steps.
+    data["metrics"]["late_loss"] *= LATE_FAULT_SCALE
     write_record_json(bf16, data)
     row = load_tables([eager, bf16])[0].query("variant == 'amp=bf16'").iloc[0]
     assert (row["status"], row["late_check"]) == ("numerics_mismatch", "mismatch")
@@ -323,10 +356,10 @@ def write_record_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data), encoding="utf-8")
 
 
-def later_trial(directory: Path, trial: int, loss_last: float) -> Path:
+def later_trial(directory: Path, trial: int, loss: float) -> Path:
     """A later trial of torch-2.0's compile cell: its gate left to trial 0, as the workflow
     runs it (numerics not checked, no loss bound of its own)."""
-    path = write(directory, "torch-2.0", "compile", trial, loss_last)
+    path = write(directory, "torch-2.0", "compile", trial, loss)
     data = json.loads(path.read_text(encoding="utf-8"))
     data["cell"]["numerics_by_first_trial"] = True
     data["numerics"] = {"checked": False, "reason": GATE_IN_FIRST_TRIAL}
@@ -388,3 +421,22 @@ def test_without_a_gate_trial_later_trials_get_the_late_check_alone(tmp_path: Pa
     row = row_of(load_tables(paths)[0], "torch-2.0", "compile", 1)
     assert row["status"] == "numerics_mismatch"  # 2.8 % against fp32's 2 %: no gate bound
     assert row["late_allowed_error"] == pytest.approx(0.02)
+
+
+@pytest.mark.slow
+def test_real_torchscript_cells_are_checked_at_eager_s_last_step(tmp_path: Path) -> None:
+    """TorchScript's profiling runs make its warm-up a step longer than eager's; its loss at
+    eager's last step is still held against eager's, and a late error there is caught."""
+    eager, scripted = tmp_path / "eager.json", tmp_path / "scripted.json"
+    eager_data = run_cell(eager, "eager")
+    data = run_cell(scripted, "jit=script")
+    assert data["metrics"]["warmup_steps_run"] > eager_data["metrics"]["warmup_steps_run"]
+    assert data["metrics"]["late_loss_step"] == eager_data["metrics"]["late_loss_step"] == 13
+    assert data["metrics"]["late_loss"] != data["metrics"]["loss_last"]  # one update apart
+    row = load_tables([eager, scripted])[0].query("variant == 'jit=script'").iloc[0]
+    assert (row["status"], row["late_check"]) == ("ok", "passed")
+    assert row["late_loss_error"] < 1e-4
+    data["metrics"]["late_loss"] *= LATE_FAULT_SCALE
+    write_record_json(scripted, data)
+    row = load_tables([eager, scripted])[0].query("variant == 'jit=script'").iloc[0]
+    assert (row["status"], row["late_check"]) == ("numerics_mismatch", "mismatch")

@@ -489,13 +489,13 @@ def test_a_late_numerics_mismatch_is_among_the_failures(tmp_path: Path) -> None:
     paths = []
     for variant, loss in (("eager", 2.0), ("compile", 2.2)):
         data = make_record("torch-2.0", "gpt2", variant, 0, "ok", 100.0).to_dict()
-        data["metrics"]["loss_last"] = loss
+        data["metrics"] |= {"loss_last": loss, "late_loss": loss, "late_loss_step": 13}
         paths.append(tmp_path / f"{variant}.json")
         paths[-1].write_text(json.dumps(data), encoding="utf-8")
     [failures, *_] = [b.table for b in sections_of(paths)["failures"].blocks if b.table]
     [row] = failures.rows
     assert row[2] == "compile" and row[6] == "numerics_mismatch"
-    assert row[7].startswith("late numerics check: last loss 2.2 is 10.00% from the eager")
+    assert row[7].startswith("late numerics check: step 13's loss 2.2 is 10.00% from the eager")
 
 
 def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,13 +33,31 @@ def test_cpu_timer_with_a_fake_clock_is_exact() -> None:
     # begin, (start, stop) per step for three steps, end
     timer = CpuTimer(clock=ListClock([10.0, 10.5, 11.0, 11.0, 12.0, 12.25, 12.5, 13.0]))
     outputs = iter(["a", "b", "c"])
-    result, last = timed_loop(timer, lambda: next(outputs), steps=3)
-    assert last == "c"
+    result, last, kept = timed_loop(timer, lambda: next(outputs), steps=3, keep=1)
+    assert (last, kept) == ("c", "b")
     assert result.step_times_s == [0.5, 1.0, 0.25]
     assert result.wall_s == 3.0
     assert result.throughput(samples_per_step=4) == 4.0
     assert result.p50_s == 0.5
     assert result.mean_s == pytest.approx(1.75 / 3)
+
+
+@pytest.mark.parametrize("keep", [-1, 3])
+def test_no_output_is_kept_out_of_range(keep: int) -> None:
+    assert timed_loop(CpuTimer(), lambda: 1, steps=3, keep=keep)[2] is None
+
+
+def test_the_kept_output_is_a_copy_of_a_static_one() -> None:
+    """A CUDA graph's replay writes its loss into the same tensor each step: the kept output
+    is that step's value, not the last step's."""
+    static = torch.zeros(())
+
+    def replay() -> torch.Tensor:
+        static.add_(1.0)
+        return static
+
+    _, last, kept = timed_loop(CpuTimer(), replay, steps=4, keep=1)
+    assert (float(last), float(kept)) == (4.0, 2.0)
 
 
 def test_step_time_is_recorded_even_when_the_step_raises() -> None:
@@ -86,7 +105,7 @@ def test_cuda_timer_reads_events_after_synchronising() -> None:
     fake_torch = type("FakeTorch", (), {})()
     fake_torch.cuda = FakeCuda([0.0, 5.0, 5.0, 15.0])
     timer = CudaTimer(fake_torch, device="cuda:0", clock=ListClock([100.0, 100.5]))
-    result, _ = timed_loop(timer, lambda: None, steps=2)
+    result, _, _ = timed_loop(timer, lambda: None, steps=2)
     assert result.step_times_s == [0.005, 0.010]
     assert result.wall_s == 0.5
     # one synchronise at each end of the loop, none between the steps, one before reading
@@ -115,7 +134,7 @@ def busy_wait(seconds: float) -> None:
 
 def test_a_step_of_known_duration_is_measured_within_tolerance() -> None:
     steps = 7
-    result, _ = timed_loop(CpuTimer(), lambda: busy_wait(BUSY_STEP_S), steps)
+    result, _, _ = timed_loop(CpuTimer(), lambda: busy_wait(BUSY_STEP_S), steps)
     assert len(result.step_times_s) == steps
     # A busy wait never ends early; on a loaded machine a step may be preempted and run long,
     # so only the lower bound is tight.

@@ -7,7 +7,7 @@ The entry point of aggregation (scripts/aggregate.py, the workflow's aggregate r
   record becomes a row with status ``unreadable``, and a listed path with no file a row with
   status ``missing``, instead of an exception: one bad file never hides the rest of a run, and
   the report can name what is absent (:mod:`ptspeed.analysis.records`). Train-mode trials then
-  get the late numerics check (:mod:`ptspeed.analysis.late_numerics`): a last loss that strays
+  get the late numerics check (:mod:`ptspeed.analysis.late_numerics`): a late loss that strays
   from the same environment's eager cell makes the trial ``numerics_mismatch``, as does a
   failed numerics gate in the cell's first trial for its later trials
   (:mod:`ptspeed.analysis.first_trial_gate`). Where the path

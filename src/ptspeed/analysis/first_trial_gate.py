@@ -34,7 +34,7 @@ def share_first_trial_gate(runs: pd.DataFrame) -> pd.DataFrame:
     later = runs[FIRST_TRIAL_FLAG].fillna(False).astype(bool)
     gate = ~later & runs["numerics_passed"].notna()
     failed = gate & (runs["numerics_passed"] == False)  # noqa: E712 (nullable)
-    precision = runs["numerics_precision"].fillna("")
+    precision = runs["numerics_precision"].astype(object).fillna("")  # all-NaN reads as float
     cell = [runs[key] for key in _CELL]
 
     def of_cell(values: pd.Series, where: pd.Series, how: str) -> pd.Series:

@@ -1,18 +1,20 @@
-"""The late numerics check: each train-mode variant's last loss against eager's, in aggregation.
+"""The late numerics check: each train-mode variant's late loss against eager's, in aggregation.
 
 A cell checks its variant against eager only over its leading steps (``numerics_steps``); a
 variant that goes wrong later (a recompilation mid-run, a graph replayed with stale inputs)
 would pass. Running a second reference per cell would double its cost, but the eager cell of
 the same environment, model, mode, sizes and seed already ran the same seeded trajectory: same
-weights, same batches, same optimizer, as many steps. So aggregation holds each variant's
-``metrics.loss_last`` (the loss of the last measured step) against the median ``loss_last`` of
-that eager cell's ok trials:
+weights, same batches, same optimizer. So aggregation holds each variant's
+``metrics.late_loss`` against the median ``late_loss`` of that eager cell's ok trials. It is
+the loss of step ``late_loss_step``, eager's last (the configured warm-up and measured steps):
+a variant whose warm-up ran longer (TorchScript's profiling runs, a CUDA graph's capture, a
+recompilation) recorded it inside its measured window, so both losses follow as many updates.
 
-* relative error ``|loss_last - reference| / |reference|`` within the allowed error:
+* relative error ``|late_loss - reference| / |reference|`` within the allowed error:
   ``late_check`` is ``passed``. The allowed error is the largest of the variant's precision's
   :data:`LATE_TOLERANCES`, its model's :data:`LATE_MODEL_ALLOWANCES` on that device class
   (trajectories too chaotic for the precision's bound), :data:`EAGER_SPREAD_MULTIPLIER`
-  times the eager trials' own spread ``(max - min) / median`` of their last losses (0 where
+  times the eager trials' own spread ``(max - min) / median`` of their late losses (0 where
   eager is deterministic, as on the CPU; on a GPU nondeterministic kernels make it the
   measure of how far a correct trajectory wanders), and the loss's bound in the trial's own
   numerics gate (:data:`GATE_LOSS_BOUND`): a variant that draws its own random numbers (a
@@ -51,8 +53,7 @@ from ptspeed.models import REGISTRY
 
 NUMERICS_MISMATCH = "numerics_mismatch"
 REFERENCE_KNOBS = "eager"
-# The same trajectory: a knob whose one-off work or check steps lengthen the warm-up (a CUDA
-# graph's capture) ran more steps than eager, and its last loss is not comparable.
+# The same trajectory, compared at the same step.
 MATCH_KEYS = [
     "env",
     "model",
@@ -61,7 +62,7 @@ MATCH_KEYS = [
     "image_size",
     "seq_len",
     "seed",
-    "warmup_steps_run",
+    "late_loss_step",
     "measured_steps",
 ]
 LATE_COLUMNS = ["late_reference_loss", "late_loss_error", "late_allowed_error", "late_check"]
@@ -106,11 +107,11 @@ MISMATCH = "mismatch"
 NOT_CHECKED = "not checked"
 
 
-def recorded_late_check(loss_last: Any) -> str:
-    """``late_check`` as far as the record alone tells: a mismatch for a non-finite last loss,
-    else ``""`` (to be decided against eager by :func:`check_late_losses`)."""
-    shown = non_finite_loss(loss_last)
-    return f"{MISMATCH}: the last loss is not finite ({shown})" if shown else ""
+def recorded_late_check(loss: Any) -> str:
+    """``late_check`` as far as the record alone tells: a mismatch for a non-finite loss, else
+    ``""`` (to be decided against eager by :func:`check_late_losses`)."""
+    shown = non_finite_loss(loss)
+    return f"{MISMATCH}: a loss is not finite ({shown})" if shown else ""
 
 
 def non_finite_loss(value: Any) -> str:
@@ -168,7 +169,7 @@ _INPUTS = [
     "status",
     "reason",
     "knobs",
-    "loss_last",
+    "late_loss",
     "late_check",
     "numerics_precision",
     GATE_LOSS_BOUND,
@@ -177,11 +178,11 @@ _INPUTS = [
 
 
 def _reference_losses(train_ok: pd.DataFrame) -> dict[tuple[Any, ...], tuple[float, float]]:
-    """Per place (:data:`MATCH_KEYS`): the median last loss of its eager trials and their
+    """Per place (:data:`MATCH_KEYS`): the median late loss of its eager trials and their
     relative spread ``(max - min) / |median|`` (0 for one trial)."""
-    eager = train_ok[(train_ok["knobs"] == REFERENCE_KNOBS) & train_ok["loss_last"].notna()]
+    eager = train_ok[(train_ok["knobs"] == REFERENCE_KNOBS) & train_ok["late_loss"].notna()]
     eager = eager[~eager["late_check"].fillna("").astype(str).str.startswith(MISMATCH)]
-    grouped = eager.groupby(MATCH_KEYS, dropna=False)["loss_last"]
+    grouped = eager.groupby(MATCH_KEYS, dropna=False)["late_loss"]
     references = {}
     for key, (median, low, high) in grouped.agg(["median", "min", "max"]).iterrows():
         spread = (high - low) / abs(median) if median else 0.0
@@ -229,9 +230,9 @@ def _late_outcome(row: Mapping[str, Any], eager: tuple[float, float] | None) -> 
     if reference is None:
         return {"late_check": f"{NOT_CHECKED}: no ok eager trial of this environment, model, "
                 "sizes, seed and step count"}  # fmt: skip
-    loss = row["loss_last"]
+    loss = row["late_loss"]
     if pd.isna(loss):
-        return {"late_check": f"{NOT_CHECKED}: no last loss recorded"}
+        return {"late_check": f"{NOT_CHECKED}: no late loss recorded"}
     device_class = "cpu" if pd.isna(row["device_index"]) else "cuda"
     precision = precision_of(row["numerics_precision"], row["knobs"], device_class)
     if precision not in LATE_TOLERANCES:
@@ -249,10 +250,14 @@ def _late_outcome(row: Mapping[str, Any], eager: tuple[float, float] | None) -> 
     if error <= allowed:
         return outcome
     why = (
-        f"late numerics check: last loss {loss:.6g} is {error:.2%} from the eager cell's "
-        f"{reference:.6g} (allowed {allowed:.1%} at {precision})"
+        f"late numerics check: {_which_loss(row['late_loss_step'])} {loss:.6g} is {error:.2%} "
+        f"from the eager cell's {reference:.6g} (allowed {allowed:.1%} at {precision})"
     )
     return {**outcome, **_mismatch(row, MISMATCH, why)}
+
+
+def _which_loss(step: Any) -> str:
+    return "the late loss" if pd.isna(step) else f"step {int(step)}'s loss"
 
 
 def _micro_batch_norm(row: Mapping[str, Any]) -> str:

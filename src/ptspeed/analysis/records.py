@@ -79,9 +79,14 @@ def _stand_in_row(path: Path, status: str, reason: str) -> dict[str, Any]:
     return {"record_path": str(path), **cell_from_path(path), "status": status, "reason": reason}
 
 
-def _recorded_loss(metrics: Mapping[str, Any]) -> Any:
-    """The last loss as recorded: a non-finite one is written as its text ('nan', 'inf')."""
-    return metrics.get("non_finite_loss") or metrics.get("loss_last")
+def _late_loss(metrics: Mapping[str, Any], cell: Mapping[str, Any]) -> dict[str, Any]:
+    """``late_loss`` and ``late_loss_step``; a record written before they were (whose late
+    check compared the last loss) gives its last step's."""
+    if metrics.get("late_loss_step") is not None:
+        return {"late_loss": metrics.get("late_loss"), "late_loss_step": metrics["late_loss_step"]}
+    warmup, measured = metrics.get("warmup_steps_run"), cell.get("measured_steps")
+    step = warmup + measured if isinstance(warmup, int) and isinstance(measured, int) else None
+    return {"late_loss": metrics.get("loss_last"), "late_loss_step": step}
 
 
 def _parse_record(path: Path) -> dict[str, Any]:
@@ -142,14 +147,17 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
     cell, metrics, numerics, provenance, conditions = (parts[name] for name in _PARTS)
     packages = provenance.get("packages")
     packages = packages if isinstance(packages, dict) else {}
+    late = _late_loss(metrics, cell)
     return {
         **{column: cell.get(name) for name, column in zip(CELL_FIELDS, CELL_COLUMNS, strict=True)},
         "status": data["status"],
         "reason": data.get("reason", ""),
         **{key: metric_cell(metrics.get(key)) for key in METRIC_COLUMNS},
+        **late,
         **{f"numerics_{key}": numerics.get(key) for key in NUMERICS_FIELDS},
         GATE_LOSS_BOUND: _allowed_loss_error(numerics.get("allowed_errors")),
-        "late_check": recorded_late_check(_recorded_loss(data.get("metrics") or {})),
+        # A non-finite loss is recorded as its text ('nan', 'inf'), the number left null.
+        "late_check": recorded_late_check(metrics["non_finite_loss"] or late["late_loss"]),
         **{key: provenance.get(key) for key in PROVENANCE_COLUMNS if key not in PACKAGE_COLUMNS},
         **{key: packages.get(key, "") for key in PACKAGE_COLUMNS},
         "started_at": data.get("started_at", ""),

@@ -54,7 +54,7 @@ from ptspeed.cell.steps import (
     to_device,
 )
 from ptspeed.cell.timing import make_timer, timed_loop
-from ptspeed.cell.warmup import WarmupPlan, warm_up
+from ptspeed.cell.warmup import Warmup, WarmupPlan, loss_of, warm_up
 from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
 
@@ -245,12 +245,19 @@ def _measure_variant(
             return run_step(next(indices))
         return step(next_batch())  # nothing else on the timed path of a real cell
 
+    late_position = plan.late_index - warmup.steps_run
     with noisy_neighbours() if fault == NEIGHBOUR else contextlib.nullcontext():
         window = conditions.begin(device)  # samples outside the timed loop, at both ends
         timer = make_timer(torch, device)
-        timing, last_output = timed_loop(timer, measured_step, spec.measured_steps)
+        timing, last_output, late_output = timed_loop(
+            timer, measured_step, spec.measured_steps, keep=late_position
+        )
         window_conditions = window.end()
     memory_bytes, memory_kind = peak_memory(device)
+    # Read before the post-window step, which a CUDA graph's replay writes over the outputs.
+    losses = (
+        _losses(warmup, last_output, late_output, plan.late_index) if spec.mode == "train" else {}
+    )
     checks = warmup.checks
     if plan.check_count and capture.copies:
         # One more step, after the measured window, checked from its own snapshot: a variant
@@ -273,20 +280,25 @@ def _measure_variant(
         fsdp_wrap_policy=getattr(placement, "wrap_policy", ""),
         attn_implementation=attention,
     )
-    metrics = placement.combine(metrics)
-    if spec.mode == "train":
-        last_loss = float(last_output.float().item())
-        metrics.loss_first = finite_or_none(warmup.first_loss)
-        metrics.loss_last = finite_or_none(last_loss)
-        metrics.non_finite_loss = next(
-            (
-                str(x)
-                for x in (warmup.first_loss, last_loss)
-                if x is not None and not math.isfinite(x)
-            ),
-            "",
-        )
+    metrics = dataclasses.replace(placement.combine(metrics), **losses)
     return VariantRun(metrics, checks, plan.check_from, window_conditions)
+
+
+def _losses(warmup: Warmup, last_output: Any, late_output: Any, late_index: int) -> dict[str, Any]:
+    """The train-mode loss metrics: the first, the last and the late check's (the loss of step
+    ``late_index``, from the warm-up or the measured window); a non-finite one named apart."""
+    last_loss = loss_of(last_output)
+    late_loss = warmup.late_loss if late_index < warmup.steps_run else loss_of(late_output)
+    losses = (warmup.first_loss, last_loss, late_loss)
+    return {
+        "loss_first": finite_or_none(warmup.first_loss),
+        "loss_last": finite_or_none(last_loss),
+        "late_loss": finite_or_none(late_loss),
+        "late_loss_step": late_index + 1,
+        "non_finite_loss": next(
+            (str(x) for x in losses if x is not None and not math.isfinite(x)), ""
+        ),
+    }
 
 
 def _wants_check(spec: CellSpec, knobs: Knobs) -> bool:

@@ -60,7 +60,7 @@ class CellSpec:
         "Leave the numerics gate to the cell's first trial, which runs the same seeded "
         "computation (the workflow's later trials and reruns): the steps run as there, nothing "
         "is copied or compared; aggregation gives this trial the first trial's verdict and "
-        "still holds its last loss against eager's (the late check).",
+        "still holds its late loss against eager's (the late check).",
         False,
     )
     device: str = _doc("Requested device: 'auto', 'cpu' or 'cuda'.", "auto")
@@ -134,9 +134,19 @@ class Metrics:
         "Loss of the last measured step (train mode); null when not finite (see non_finite_loss).",
         None,
     )
+    late_loss: Optional[float] = _doc(
+        "Loss of step late_loss_step (train mode), which the late check holds against the eager "
+        "cell's loss at the same step; null when not finite (see non_finite_loss).",
+        None,
+    )
+    late_loss_step: Optional[int] = _doc(
+        "The step (counted from 1) of late_loss: eager's last, cell.warmup_steps (at least 1) + "
+        "cell.measured_steps, which a cell with a longer warm-up also runs (train mode).",
+        None,
+    )
     non_finite_loss: str = _doc(
-        "'nan', 'inf' or '-inf' when the first or last loss was not finite (JSON cannot hold it); "
-        "'' otherwise.",
+        "'nan', 'inf' or '-inf' when the first, last or late loss was not finite (JSON cannot "
+        "hold it); '' otherwise.",
         "",
     )
     flops_per_sample: Optional[float] = _doc(

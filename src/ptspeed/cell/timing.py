@@ -117,12 +117,27 @@ def make_timer(torch_module: Any, device: Any) -> CpuTimer:
     return CpuTimer()
 
 
-def timed_loop(timer: CpuTimer, step: Callable[[], Any], steps: int) -> tuple[TimingResult, Any]:
-    """Run ``step`` ``steps`` times under ``timer``; return the timings and the last output."""
-    output = None
+def timed_loop(
+    timer: CpuTimer, step: Callable[[], Any], steps: int, keep: int = -1
+) -> tuple[TimingResult, Any, Any]:
+    """Run ``step`` ``steps`` times under ``timer``; return the timings, the last output and a
+    copy of output number ``keep`` (0-based; None when out of range).
+
+    The copy is taken outside the step's own timing but inside the window: one scalar copy
+    queued on the device, no synchronisation. It is a copy because a CUDA graph's replay (and
+    cudagraph trees') overwrites its static outputs in place.
+    """
+    output = kept = None
     timer.begin()
-    for _ in range(steps):
+    for index in range(steps):
         with timer.step():
             output = step()
+        if index == keep:
+            kept = _copy(output)
     timer.end()
-    return timer.result(), output
+    return timer.result(), output, kept
+
+
+def _copy(output: Any) -> Any:
+    """A tensor's copy (detached), anything else as it is."""
+    return output.detach().clone() if hasattr(output, "clone") else output

@@ -31,13 +31,14 @@ class WarmupPlan:
     check_from: int
     check_count: int
     longest: int
+    late_index: int
 
     @classmethod
     def of(cls, spec: CellSpec, one_off_calls: int, checks: bool) -> WarmupPlan:
         count = spec.numerics_steps if checks else 0
         planned = max(spec.warmup_steps, one_off_calls + count, 1)
         longest = planned + MAX_EXTRA_WARMUP_STEPS + MAX_SCALER_SKIPS
-        return cls(planned, one_off_calls, count, longest)
+        return cls(planned, one_off_calls, count, longest, late_loss_index(spec))
 
     @property
     def checked_until(self) -> int:
@@ -45,10 +46,19 @@ class WarmupPlan:
         return self.check_from + self.check_count
 
 
+def late_loss_index(spec: CellSpec) -> int:
+    """The step (0-based) whose loss the late check compares: the last step of eager, which
+    runs the configured warm-up (at least one step) and the measured steps. Every cell of the
+    same configuration runs it, whether its warm-up was longer (a knob's one-off calls, a
+    recompilation) or not, so its loss follows the same number of updates in each."""
+    return max(spec.warmup_steps, 1) + spec.measured_steps - 1
+
+
 @dataclass
 class Warmup:
     first_step_s: float
     first_loss: float | None
+    late_loss: float | None
     wall_s: float
     steps_run: int
     one_off_steps: int
@@ -66,7 +76,7 @@ def warm_up(
     steps while compilation goes on (a recompilation) or GradScaler skipped a check step."""
     checks: list[tuple[Snapshot, numerics.StepValues]] = []
     check_until, planned = plan.checked_until, plan.planned
-    last_compiling, index, first_step_s, first_loss = -1, 0, 0.0, None
+    last_compiling, index, first_step_s, first_loss, late_loss = -1, 0, 0.0, None, None
     while index < planned:
         snapshot = capture.before() if plan.check_from <= index < check_until else None
         events = compile_events()
@@ -78,6 +88,8 @@ def warm_up(
             timer.end()
             first_step_s = timer.result().wall_s
             first_loss = loss_of(output)
+        if index == plan.late_index:  # a warm-up that ran past eager's last step
+            late_loss = loss_of(output)
         if compile_events() != events:
             last_compiling = index
             planned = max(planned, min(index + 2, plan.planned + MAX_EXTRA_WARMUP_STEPS))
@@ -93,6 +105,7 @@ def warm_up(
     return Warmup(
         first_step_s=first_step_s,
         first_loss=first_loss,
+        late_loss=late_loss,
         wall_s=timer.result().wall_s,
         steps_run=index,
         one_off_steps=max(1, plan.check_from, last_compiling + 1),

@@ -204,12 +204,14 @@ def _late_check_method() -> str:
         for (model, device), value in late_numerics.LATE_MODEL_ALLOWANCES.items()
     )
     return (
-        "each train-mode variant's last loss against the same environment's eager cell "
-        "(same model, sizes and seed: the same seeded trajectory); relative error allowed: the "
+        "each train-mode variant's loss at eager's last step (the configured warm-up and "
+        "measured steps, whatever warm-up the variant needed) against the same environment's "
+        "eager cell (same model, sizes and seed: the same seeded trajectory); relative error "
+        "allowed: the "
         f"largest of the precision's bound ({tolerances}), the model's where its training is "
         f"too chaotic for it ({chaotic}: only gross errors are caught there) and "
         f"{late_numerics.EAGER_SPREAD_MULTIPLIER:g} × the eager trials' own spread; a non-finite "
-        "last loss always fails; a failing trial becomes numerics_mismatch and leaves the "
+        "loss always fails; a failing trial becomes numerics_mismatch and leaves the "
         "statistics"
     )
 
