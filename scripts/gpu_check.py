@@ -7,7 +7,11 @@ Each path is one real cell (``python -m ptspeed cell``, its own process under th
 in the host interpreter and in every venv of the default config already built in its
 environment cache; nothing is built or downloaded. A path's expected status is ``ok`` unless
 the cell's own rules say the torch version or the device cannot run it (``unsupported``), or
-the path is meant to fail (a real out-of-memory, an injected wrong gradient). Writes one JSON
+the path is meant to fail (a real out-of-memory, an injected wrong gradient). Each
+environment's train-mode paths then get aggregation's late numerics check against its eager
+path (the loss at eager's last step: a CUDA graph's replayed steps, TorchScript's longer
+warm-up); a failed one makes the path a ``numerics_mismatch``. The check needs pandas, and is
+left out, saying so, where the interpreter running this script has none. Writes one JSON
 summary, prints a table, and exits 1 when any path ended otherwise than expected.
 """
 
@@ -104,6 +108,8 @@ class Outcome:
     seconds: float
     throughput: float | None
     numerics: str
+    record: str
+    late: str = ""
 
     @property
     def as_expected(self) -> bool:
@@ -153,8 +159,9 @@ def expected_status(
 
 def run_path(
     env: str, python: str, path: CheckedPath, device: str, out_dir: Path, timeout_s: float
-) -> tuple[str, str, float, float | None, str]:
+) -> tuple[str, str, float, float | None, str, Path]:
     record_path = out_dir / env / f"{slug(path.name)}.json"
+    record_path.unlink(missing_ok=True)  # an earlier check's record is not this one's
     spec = CellSpec(
         model=path.model, variant=slug(path.name), knobs=path.knobs, mode="train",
         batch_size=path.batch_size, image_size=path.image_size, seq_len=32, env=env,
@@ -168,7 +175,7 @@ def run_path(
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     seconds = time.monotonic() - started
     if not record_path.exists():
-        return "no record", "the cell wrote no record", seconds, None, ""
+        return "no record", "the cell wrote no record", seconds, None, "", record_path
     record = read_record(record_path)
     check = record.numerics
     verdict = (
@@ -177,12 +184,30 @@ def run_path(
         if check.checked and check.max_relative_error is not None
         else ("not checked" if not check.checked else "non-finite")
     )
-    return record.status, record.reason, seconds, record.metrics.throughput_samples_per_s, verdict
+    throughput = record.metrics.throughput_samples_per_s
+    return record.status, record.reason, seconds, throughput, verdict, record_path
+
+
+def check_late_losses(outcomes: list[Outcome]) -> None:
+    """Give each outcome aggregation's late numerics check (status and reason too, where it
+    fails), reading the records as the workflow's aggregate rule does."""
+    try:
+        from ptspeed.analysis.aggregate import load_tables
+    except ImportError as error:  # pandas: the host side's, not the cell's
+        print(f"note: the late numerics check is left out ({error})")
+        return
+    written = [o for o in outcomes if Path(o.record).exists()]
+    runs, _ = load_tables(o.record for o in written)
+    for outcome, row in zip(written, runs.to_dict("records"), strict=True):
+        outcome.late = row["late_check"] or ""
+        if row["status"] != outcome.status:
+            outcome.status, outcome.reason = row["status"], row["reason"]
 
 
 def print_table(outcomes: list[Outcome]) -> None:
     header = (
-        f"{'env':<11} {'torch':<13} {'path':<26} {'status':<18} {'expected':<18} {'s':>5}  numerics"
+        f"{'env':<11} {'torch':<13} {'path':<26} {'status':<18} {'expected':<18} {'s':>5}  "
+        f"{'late':<12} numerics"
     )
     print(header)
     print("-" * len(header))
@@ -190,7 +215,7 @@ def print_table(outcomes: list[Outcome]) -> None:
         mark = "" if o.as_expected else "   <-- unexpected"
         print(
             f"{o.env:<11} {o.torch:<13} {o.path:<26} {o.status:<18} {o.expected:<18} "
-            f"{o.seconds:5.0f}  {o.numerics}{mark}"
+            f"{o.seconds:5.0f}  {o.late.split(':')[0]:<12} {o.numerics}{mark}"
         )
 
 
@@ -214,12 +239,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.device not in path.devices:
                 continue
             expected = expected_status(path, args.device, torch, python)
-            status, reason, seconds, throughput, verdict = run_path(
+            status, reason, seconds, throughput, verdict, record = run_path(
                 env, found[env], path, args.device, args.out, args.timeout
             )
             outcomes.append(Outcome(env, version, path.name, path.knobs, expected, status,
-                                    reason, seconds, throughput, verdict))  # fmt: skip
+                                    reason, seconds, throughput, verdict, str(record)))  # fmt: skip
             print(f"{env} {path.name}: {status} ({seconds:.0f} s)", flush=True)
+    check_late_losses(outcomes)
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {"device": args.device, "outcomes": [asdict(o) for o in outcomes]}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

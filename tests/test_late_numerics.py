@@ -16,7 +16,7 @@ from test_aggregate import make_record
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.columns import read_table
 from ptspeed.analysis.late_numerics import (
-    LATE_MODEL_ALLOWANCES,
+    BATCH_NORM_DRIFT,
     LATE_TOLERANCES,
     allowed_error,
     non_finite_loss,
@@ -153,16 +153,24 @@ def test_every_precision_s_tolerance_catches_the_late_fault() -> None:
     assert all(allowed <= (LATE_FAULT_SCALE - 1) / 2 for allowed in LATE_TOLERANCES.values())
 
 
-def test_a_chaotic_model_gets_its_measured_allowance(tmp_path: Path) -> None:
-    drifted = EAGER_LOSS * 1.074  # channels_last's measured drift on the CPU
+@pytest.mark.parametrize("knobs", ["channels_last", "amp=bf16"])
+def test_a_batch_norm_model_is_not_checked(tmp_path: Path, knobs: str) -> None:
+    """ResNet-50's trajectory is chaotic: a correct channels_last cell at batch 2 ended 53 %
+    from eager's late loss. Only a non-finite loss is judged there."""
+    drifted = EAGER_LOSS * 1.53
     paths = [
         *eager_trials(tmp_path, model="resnet50"),
-        write(tmp_path, "torch-2.0", "channels_last", 0, drifted, model="resnet50"),
+        write(tmp_path, "torch-2.0", "variant", 0, drifted, model="resnet50", knobs=knobs),
+        write(tmp_path, "torch-2.0", "variant", 1, math.nan, model="resnet50", knobs=knobs),
     ]
-    row = row_of(load_tables(paths)[0], "torch-2.0", "channels_last")
-    assert row["late_allowed_error"] == LATE_MODEL_ALLOWANCES[("resnet50", "cpu")]
-    assert (row["status"], row["late_check"]) == ("ok", "passed")
-    assert allowed_error("fp32", "resnet50", "cuda", 0.0) == LATE_TOLERANCES["fp32"]
+    runs = load_tables(paths)[0]
+    drifting, broken = (row_of(runs, "torch-2.0", "variant", trial) for trial in (0, 1))
+    assert (drifting["status"], drifting["late_check"]) == (
+        "ok",
+        f"not checked: {BATCH_NORM_DRIFT}",
+    )
+    assert math.isnan(drifting["late_loss_error"])
+    assert broken["status"] == "numerics_mismatch"
 
 
 def test_eager_s_own_spread_widens_the_bound(tmp_path: Path) -> None:
@@ -223,7 +231,7 @@ def test_a_record_from_before_the_late_loss_is_checked_at_its_last_step(tmp_path
 
 def test_an_unknown_precision_is_refused() -> None:
     with pytest.raises(ValueError, match="no late tolerance for precision 'int8'"):
-        allowed_error("int8", "mlp", "cpu", 0.0)
+        allowed_error("int8", 0.0)
 
 
 @pytest.mark.parametrize("loss", [math.nan, math.inf, "nan", "-inf"])

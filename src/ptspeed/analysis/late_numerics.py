@@ -12,11 +12,10 @@ recompilation) recorded it inside its measured window, so both losses follow as 
 
 * relative error ``|late_loss - reference| / |reference|`` within the allowed error:
   ``late_check`` is ``passed``. The allowed error is the largest of the variant's precision's
-  :data:`LATE_TOLERANCES`, its model's :data:`LATE_MODEL_ALLOWANCES` on that device class
-  (trajectories too chaotic for the precision's bound), :data:`EAGER_SPREAD_MULTIPLIER`
-  times the eager trials' own spread ``(max - min) / median`` of their late losses (0 where
-  eager is deterministic, as on the CPU; on a GPU nondeterministic kernels make it the
-  measure of how far a correct trajectory wanders), and the loss's bound in the trial's own
+  :data:`LATE_TOLERANCES`, :data:`EAGER_SPREAD_MULTIPLIER` times the eager trials' own
+  spread ``(max - min) / median`` of their late losses (0 where eager is deterministic, as on
+  the CPU; on a GPU nondeterministic kernels make it the measure of how far a correct
+  trajectory wanders), and the loss's bound in the trial's own
   numerics gate (:data:`GATE_LOSS_BOUND`): a variant that draws its own random numbers (a
   compiled graph's dropout) follows other dropout masks than eager, a spread its gate measured
   at one step (3 x the loss's change when dropout is reseeded) and the late check allows too
@@ -29,14 +28,16 @@ recompilation) recorded it inside its measured window, so both losses follow as 
 * no ok eager trial to compare with, no recorded loss, or a precision without a tolerance:
   ``late_check`` says ``not checked: <why>`` and the trial stays ok.
 
-A pipeline of several micro-batches over a model with batch norm follows another trajectory
-by design (each micro-batch normalised with its own statistics, as GPipe does): ``not checked``
-with that reason (its own numerics check compares it with eager over the same micro-batches).
-Eager trials are the reference themselves (``late_check`` is ``reference``). Infer-mode and
-non-ok trials are not checked (``late_check`` blank).
+A model with batch norm is ``not checked`` (its non-finite losses excepted), with the
+reason: its trajectory is chaotic (:data:`BATCH_NORM_DRIFT`), so a bound that no correct
+variant exceeds would pass any plausible error. The cell's own check of a step after the
+measured window, from the variant's own state, covers its first trial. A pipeline of several
+micro-batches over such a model follows another trajectory by design too (each micro-batch
+normalised with its own statistics, as GPipe does), and says so. Eager trials are the
+reference themselves (``late_check`` is ``reference``). Infer-mode and non-ok trials are not
+checked (``late_check`` blank).
 
-The bounds come from measured spreads, not guesses: see :data:`LATE_TOLERANCES` and
-:data:`LATE_MODEL_ALLOWANCES`.
+The bounds come from measured spreads, not guesses: see :data:`LATE_TOLERANCES`.
 """
 
 from __future__ import annotations
@@ -84,17 +85,18 @@ the 10 % fault at least 6 % away. tf32 and fp16 (CUDA only; fp16 with a GradScal
 skip early steps) could not be measured here and take bf16's bound.
 """
 
-LATE_MODEL_ALLOWANCES: Mapping[tuple[str, str], float] = {("resnet50", "cpu"): 0.15}
-"""Bounds for (model, device class) whose training trajectory is too chaotic for the
-precision's bound: a correct variant's last loss wanders further from eager's.
+BATCH_NORM_DRIFT = (
+    "batch norm makes the training trajectory chaotic (correct variants of ResNet-50 ended up "
+    "to 53 % from eager); the cell's own check of a step after its measured window covers it"
+)
+"""Why a model with batch norm is not checked: how far correct variants ended from eager.
 
-ResNet-50 at the CPU default size (batch 8, 64 px: batch norm over 8 x 2 x 2 values in the
-last stage, where rounding differences grow fast; eager fp32 itself is 1.4 % from fp64 after
-one step) ended 7.4 % (seed 0) and 1.7 % (seed 1) from eager with channels_last (fp32) and
-6.1 % and 2.8 % with bf16 autocast after 13 steps, while compile ended 0.31 % away (seed 0).
-15 % is twice the largest: such a cell's late check catches only gross errors, not the 10 %
-``late`` fault (that needs a check of the last step from the variant's own state, in the
-cell).
+Measured on the CPU (torch 2.14.1, ResNet-50 at 64 px, 3 warm-up + 10 measured steps on one
+repeated batch, seeds 0-2): channels_last (fp32) and bf16 autocast ended up to 53 % (batch 2),
+32 % (batch 4) and 14 % (batch 8) from eager, while eager fp32 itself is 1.4 % (batch 8) to
+3 % (batch 2) from fp64 after one step: batch norm over a handful of values (8 x 2 x 2 in the
+last stage at batch 8) lets rounding differences grow step by step, and at batch 2 the loss
+falls to about 0.02, where a relative error means little.
 """
 
 EAGER_SPREAD_MULTIPLIER = 3.0
@@ -198,9 +200,7 @@ def _plain_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(None if pd.isna(v) else v for v in key)
 
 
-def allowed_error(
-    precision: str, model: str, device_class: str, eager_spread: float, gate_bound: float = 0.0
-) -> float:
+def allowed_error(precision: str, eager_spread: float, gate_bound: float = 0.0) -> float:
     """The bound of a variant's last-loss error (see the module's docstring).
 
     Raises:
@@ -209,12 +209,7 @@ def allowed_error(
     if precision not in LATE_TOLERANCES:
         known = ", ".join(LATE_TOLERANCES)
         raise ValueError(f"no late tolerance for precision {precision!r} (known: {known})")
-    return max(
-        LATE_TOLERANCES[precision],
-        LATE_MODEL_ALLOWANCES.get((model, device_class), 0.0),
-        EAGER_SPREAD_MULTIPLIER * eager_spread,
-        gate_bound,
-    )
+    return max(LATE_TOLERANCES[precision], EAGER_SPREAD_MULTIPLIER * eager_spread, gate_bound)
 
 
 def _late_outcome(row: Mapping[str, Any], eager: tuple[float, float] | None) -> dict[str, Any]:
@@ -225,8 +220,8 @@ def _late_outcome(row: Mapping[str, Any], eager: tuple[float, float] | None) -> 
     reference, eager_spread = eager if eager is not None else (None, 0.0)
     if row["knobs"] == REFERENCE_KNOBS:
         return {"late_check": REFERENCE, "late_reference_loss": reference}
-    if _micro_batch_norm(row):
-        return {"late_check": f"{NOT_CHECKED}: {_micro_batch_norm(row)}"}
+    if _batch_norm(row):
+        return {"late_check": f"{NOT_CHECKED}: {_batch_norm(row)}"}
     if reference is None:
         return {"late_check": f"{NOT_CHECKED}: no ok eager trial of this environment, model, "
                 "sizes, seed and step count"}  # fmt: skip
@@ -239,7 +234,7 @@ def _late_outcome(row: Mapping[str, Any], eager: tuple[float, float] | None) -> 
         return {"late_check": f"{NOT_CHECKED}: no late tolerance for precision {precision}"}
     gate_bound = row[GATE_LOSS_BOUND]
     gate_bound = 0.0 if pd.isna(gate_bound) else float(gate_bound)
-    allowed = allowed_error(precision, row["model"], device_class, eager_spread, gate_bound)
+    allowed = allowed_error(precision, eager_spread, gate_bound)
     error = abs(loss - reference) / abs(reference) if reference else abs(loss)
     outcome = {
         "late_reference_loss": reference,
@@ -260,16 +255,18 @@ def _which_loss(step: Any) -> str:
     return "the late loss" if pd.isna(step) else f"step {int(step)}'s loss"
 
 
-def _micro_batch_norm(row: Mapping[str, Any]) -> str:
-    """Why a pipeline's trajectory is not eager's ('' when it is): batch norm per micro-batch."""
+def _batch_norm(row: Mapping[str, Any]) -> str:
+    """Why a model with batch norm is not checked ('' for one without)."""
+    entry = REGISTRY.get(str(row["model"]))
+    if entry is None or not entry.batch_norm:
+        return ""
     try:
         chunks = parse_knobs(str(row["knobs"])).chunks
     except BadInput:
-        return ""
-    entry = REGISTRY.get(str(row["model"]))
-    if chunks > 1 and entry is not None and entry.batch_norm:
+        chunks = 1
+    if chunks > 1:
         return f"batch norm over each of {chunks} micro-batches, not over the whole batch"
-    return ""
+    return BATCH_NORM_DRIFT
 
 
 def _mismatch(row: Mapping[str, Any], check: str, why: str) -> dict[str, Any]:
