@@ -264,6 +264,41 @@ def test_shell_syntax_in_a_title_stays_text(faulty_run: tuple[Path, Path, str]) 
     assert title in (results / "report/report.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
+def test_a_variant_wrong_after_the_checked_steps_is_a_mismatch_in_the_tables_and_report(
+    tmp_path: Path,
+) -> None:
+    """The ``late`` fault in a later trial, whose gate is left to trial 0: only aggregation's
+    late check (its loss at eager's last step against eager's) can see it."""
+    config = {
+        **copy.deepcopy(HOSTS),
+        "environments": {"host": {"kind": "host"}},
+        "variants": {"eager": "eager", "loader": "loader=0"},
+        "comparisons": {
+            "loader": {
+                "title": "eager → loader",
+                "baseline": {"env": "host", "variant": "eager"},
+                "candidate": {"env": "host", "variant": "loader"},
+            }
+        },
+    }
+    path = write_config(tmp_path, config)
+    ok(
+        snakemake_in(
+            ROOT, "--configfile", str(path), env=faults_env("host/mlp/loader/train/1=late")
+        )
+    )
+    runs = read_table(tmp_path / "results/tables/runs.csv").set_index(["variant", "trial"])
+    assert tuple(runs.loc[("loader", 0), ["status", "late_check"]]) == ("ok", "passed")
+    wrong = runs.loc[("loader", 1)]
+    assert (wrong["status"], wrong["late_check"]) == ("numerics_mismatch", "mismatch")
+    assert wrong["reason"].startswith("late numerics check: step 3's loss ")
+    report_text = (tmp_path / "results/report/report.md").read_text(encoding="utf-8")
+    assert "late numerics check: step 3's loss" in report_text
+    assert "[injected fault: late]" in report_text
+
+
 # --- 4, 5: corrupt, foreign and stale records; a changed config ------------------------------
 
 

@@ -29,8 +29,8 @@ recompilation) recorded it inside its measured window, so both losses follow as 
   ``late_check`` says ``not checked: <why>`` and the trial stays ok.
 
 A model with batch norm is ``not checked`` (its non-finite losses excepted), with the
-reason: its trajectory is chaotic (:data:`BATCH_NORM_DRIFT`), so a bound that no correct
-variant exceeds would pass any plausible error. The cell's own check of a step after the
+reason: its trajectory is chaotic (:data:`BATCH_NORM_DRIFT`): a bound that no correct variant
+exceeds would be too wide to catch a 10 % error. The cell's own check of a step after the
 measured window, from the variant's own state, covers its first trial. A pipeline of several
 micro-batches over such a model follows another trajectory by design too (each micro-batch
 normalised with its own statistics, as GPipe does), and says so. Eager trials are the
