@@ -157,10 +157,14 @@ def expected_status(
     return path.expect
 
 
+def record_file(out_dir: Path, env: str, path: CheckedPath) -> Path:
+    return out_dir / env / f"{slug(path.name)}.json"
+
+
 def run_path(
     env: str, python: str, path: CheckedPath, device: str, out_dir: Path, timeout_s: float
-) -> tuple[str, str, float, float | None, str, Path]:
-    record_path = out_dir / env / f"{slug(path.name)}.json"
+) -> tuple[str, str, float, float | None, str]:
+    record_path = record_file(out_dir, env, path)
     record_path.unlink(missing_ok=True)  # an earlier check's record is not this one's
     spec = CellSpec(
         model=path.model, variant=slug(path.name), knobs=path.knobs, mode="train",
@@ -175,7 +179,7 @@ def run_path(
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     seconds = time.monotonic() - started
     if not record_path.exists():
-        return "no record", "the cell wrote no record", seconds, None, "", record_path
+        return "no record", "the cell wrote no record", seconds, None, ""
     record = read_record(record_path)
     check = record.numerics
     verdict = (
@@ -184,8 +188,7 @@ def run_path(
         if check.checked and check.max_relative_error is not None
         else ("not checked" if not check.checked else "non-finite")
     )
-    throughput = record.metrics.throughput_samples_per_s
-    return record.status, record.reason, seconds, throughput, verdict, record_path
+    return record.status, record.reason, seconds, record.metrics.throughput_samples_per_s, verdict
 
 
 def check_late_losses(outcomes: list[Outcome]) -> None:
@@ -239,11 +242,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.device not in path.devices:
                 continue
             expected = expected_status(path, args.device, torch, python)
-            status, reason, seconds, throughput, verdict, record = run_path(
+            status, reason, seconds, throughput, verdict = run_path(
                 env, found[env], path, args.device, args.out, args.timeout
             )
+            record = str(record_file(args.out, env, path))
             outcomes.append(Outcome(env, version, path.name, path.knobs, expected, status,
-                                    reason, seconds, throughput, verdict, str(record)))  # fmt: skip
+                                    reason, seconds, throughput, verdict, record))  # fmt: skip
             print(f"{env} {path.name}: {status} ({seconds:.0f} s)", flush=True)
     check_late_losses(outcomes)
     args.out.mkdir(parents=True, exist_ok=True)

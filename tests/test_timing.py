@@ -47,6 +47,12 @@ def test_no_output_is_kept_out_of_range(keep: int) -> None:
     assert timed_loop(CpuTimer(), lambda: 1, steps=3, keep=keep)[2] is None
 
 
+def test_the_last_output_kept_is_the_last_output_itself() -> None:
+    last = torch.ones(())
+    outputs = iter([torch.zeros(()), last])
+    assert timed_loop(CpuTimer(), lambda: next(outputs), steps=2, keep=1)[2] is last
+
+
 def test_the_kept_output_is_a_copy_of_a_static_one() -> None:
     """A CUDA graph's replay writes its loss into the same tensor each step: the kept output
     is that step's value, not the last step's."""

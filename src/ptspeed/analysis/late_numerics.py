@@ -201,7 +201,7 @@ def _plain_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def allowed_error(precision: str, eager_spread: float, gate_bound: float = 0.0) -> float:
-    """The bound of a variant's last-loss error (see the module's docstring).
+    """The bound of a variant's late-loss error (see the module's docstring).
 
     Raises:
         ValueError: for a precision without a tolerance.
@@ -220,8 +220,8 @@ def _late_outcome(row: Mapping[str, Any], eager: tuple[float, float] | None) -> 
     reference, eager_spread = eager if eager is not None else (None, 0.0)
     if row["knobs"] == REFERENCE_KNOBS:
         return {"late_check": REFERENCE, "late_reference_loss": reference}
-    if _batch_norm(row):
-        return {"late_check": f"{NOT_CHECKED}: {_batch_norm(row)}"}
+    if why := _batch_norm(row):
+        return {"late_check": f"{NOT_CHECKED}: {why}"}
     if reference is None:
         return {"late_check": f"{NOT_CHECKED}: no ok eager trial of this environment, model, "
                 "sizes, seed and step count"}  # fmt: skip

@@ -120,22 +120,22 @@ def make_timer(torch_module: Any, device: Any) -> CpuTimer:
 def timed_loop(
     timer: CpuTimer, step: Callable[[], Any], steps: int, keep: int = -1
 ) -> tuple[TimingResult, Any, Any]:
-    """Run ``step`` ``steps`` times under ``timer``; return the timings, the last output and a
-    copy of output number ``keep`` (0-based; None when out of range).
+    """Run ``step`` ``steps`` times under ``timer``; return the timings, the last output and
+    output number ``keep`` (0-based; None when out of range).
 
-    The copy is taken outside the step's own timing but inside the window: one scalar copy
-    queued on the device, no synchronisation. It is a copy because a CUDA graph's replay (and
-    cudagraph trees') overwrites its static outputs in place.
+    An earlier output than the last is copied when it comes, outside the step's own timing but
+    inside the window: one scalar copy queued on the device, no synchronisation. It is a copy
+    because a CUDA graph's replay (and cudagraph trees') overwrites its static outputs in place.
     """
     output = kept = None
     timer.begin()
     for index in range(steps):
         with timer.step():
             output = step()
-        if index == keep:
+        if index == keep and index < steps - 1:
             kept = _copy(output)
     timer.end()
-    return timer.result(), output, kept
+    return timer.result(), output, output if keep == steps - 1 else kept
 
 
 def _copy(output: Any) -> Any:
