@@ -20,6 +20,7 @@ without the package installed.
 """
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
@@ -28,7 +29,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ptspeed.envs.apptainer import SifPlan, image_key, sif_commands, sif_digest
+from ptspeed.cell.files import exclusive_lock
+from ptspeed.envs.apptainer import (
+    SIF_LOCK,
+    SifPlan,
+    check_room_for_sif,
+    image_key,
+    sif_archive,
+    sif_commands,
+    sif_digest,
+)
 from ptspeed.envs.containers import (
     ENGINES,
     BuildSpec,
@@ -36,6 +46,7 @@ from ptspeed.envs.containers import (
     build_image,
     build_tag,
     host_uv_cache,
+    image_size,
     pull_image,
     push_image,
 )
@@ -122,18 +133,45 @@ def make_sif(args: argparse.Namespace) -> None:
     target = shared or args.sif
     target.parent.mkdir(parents=True, exist_ok=True)
     digest_file = target.with_name(f"{target.name}.digest")
-    if not (shared and shared.is_file() and digest_file.is_file()):
-        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-        for command in sif_commands(plan, partial, spec, PROJECT, manifest, args.uri):
-            print("+", " ".join(command), flush=True)
-            subprocess.run(command, check=True)
-        digest_file.write_text(sif_digest(plan, partial, manifest, args.uri) + "\n")
-        partial.replace(target)
+
+    def made_by_another_checkout() -> bool:
+        return bool(shared and shared.is_file() and digest_file.is_file())
+
+    if not made_by_another_checkout():
+        waiting = f"waiting for another conversion in {target.parent}"
+        with exclusive_lock(target.parent / SIF_LOCK, functools.partial(print, waiting)):
+            if not made_by_another_checkout():
+                convert(plan, target, spec, manifest, args)
     if shared:
         args.sif.unlink(missing_ok=True)
         args.sif.symlink_to(shared.resolve())
     if digest_file != args.digest:
         shutil.copyfile(digest_file, args.digest)
+
+
+def convert(
+    plan: SifPlan,
+    target: Path,
+    spec: BuildSpec | None,
+    manifest: ImageManifest | None,
+    args: argparse.Namespace,
+) -> None:
+    """Make ``target`` and its digest file; a failed conversion leaves neither a partial SIF
+    nor its multi-GB docker archive behind."""
+    if plan.source == "image" and manifest is not None and plan.engine != "docker":
+        check_room_for_sif(args.env, target.parent, image_size(plan.engine, manifest.id))
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    commands = sif_commands(plan, partial, spec, PROJECT, manifest, args.uri)
+    try:
+        for command in commands:
+            print("+", " ".join(command), flush=True)
+            subprocess.run(command, check=True)
+        digest_file = target.with_name(f"{target.name}.digest")
+        digest_file.write_text(sif_digest(plan, partial, manifest, args.uri) + "\n")
+        partial.replace(target)
+    finally:
+        for leftover in (partial, sif_archive(partial)):
+            leftover.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

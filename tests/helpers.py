@@ -481,10 +481,10 @@ def knob_cases(knob_strings: Iterable[str], model: str = "mlp") -> list[Any]:
 
 
 @contextlib.contextmanager
-def full_disk(mount_point: Path, size_kib: int = 64) -> Iterator[Path]:
-    """A tmpfs of ``size_kib`` mounted on ``mount_point`` and filled until the kernel says
-    ENOSPC; unmounted afterwards. Skips the test where this process may not mount (not root,
-    or no CAP_SYS_ADMIN in a container)."""
+def small_disk(mount_point: Path, size_kib: int = 64) -> Iterator[Path]:
+    """A tmpfs of ``size_kib`` mounted on ``mount_point`` (:func:`fill` fills it), unmounted
+    afterwards. Skips the test where this process may not mount (not root, or no
+    CAP_SYS_ADMIN in a container)."""
     mount_point.mkdir(parents=True, exist_ok=True)
     mount = shutil.which("mount")
     if mount is None:

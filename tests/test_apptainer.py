@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import small_disk
 from test_containers import CI_BASE_IMAGE as CI_PYTHON_BASE
 from test_containers import host_ca_bundle
 from test_workflow import ROOT, snakemake, write_config
@@ -34,6 +35,7 @@ from ptspeed.envs.apptainer import (
     NO_BUILDER,
     SifPlan,
     check_driver,
+    check_room_for_sif,
     image_key,
     plan_sif,
     sif_commands,
@@ -46,7 +48,7 @@ from ptspeed.envs.containers import (
     inspect_image,
     push_image,
 )
-from ptspeed.errors import ConfigError
+from ptspeed.errors import ConfigError, ContainerError
 
 EMULATOR_DIR = ROOT / "tests" / "fixtures" / "apptainer-emulator"
 EMULATOR = EMULATOR_DIR / "apptainer"
@@ -175,7 +177,7 @@ def test_sif_commands_for_each_source(tmp_path: Path, monkeypatch: pytest.Monkey
     sif = tmp_path / "torch-2.0.sif"
     (daemon,) = sif_commands(SifPlan("image", "docker"), sif, spec, ROOT, manifest)
     assert daemon[-1] == f"docker-daemon:{manifest.image}"
-    save, convert, _ = sif_commands(SifPlan("image", "podman"), sif, spec, ROOT, manifest)
+    save, convert = sif_commands(SifPlan("image", "podman"), sif, spec, ROOT, manifest)
     assert save[:2] == ["podman", "save"] and convert[-1].startswith("docker-archive:")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     (bootstrap,) = sif_commands(SifPlan("definition"), sif, spec, ROOT)
@@ -184,6 +186,13 @@ def test_sif_commands_for_each_source(tmp_path: Path, monkeypatch: pytest.Monkey
     assert bootstrap[-1] == str(ROOT / "docker/ptspeed.def")
     (pull,) = sif_commands(SifPlan("registry"), sif, None, ROOT, reference=f"docker://r/x@{DIGEST}")
     assert pull[-1] == f"docker://r/x@{DIGEST}"
+
+
+def test_a_conversion_needs_room_for_the_archive_and_the_sif(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    check_room_for_sif("torch-2.0", tmp_path, free // 2 - 1)
+    with pytest.raises(ContainerError, match=r"^images: making torch-2\.0\.sif needs about "):
+        check_room_for_sif("torch-2.0", tmp_path, free // 2 + 10**9)
 
 
 def test_a_cuda_base_newer_than_the_driver_is_refused() -> None:
@@ -409,14 +418,75 @@ From: {{ BASE }}
 """
 
 
-@pytest.mark.container
-def test_emulator_builds_a_definition_file_and_runs_it(tmp_path: Path) -> None:
-    base = "localhost/ptspeed/debian-base:bookworm"
+DEBIAN_BASE = "localhost/ptspeed/debian-base:bookworm"
+
+
+def need_debian_base() -> None:
     if (
         shutil.which("podman") is None
-        or subprocess.run(["podman", "image", "exists", base], check=False).returncode != 0
+        or subprocess.run(["podman", "image", "exists", DEBIAN_BASE], check=False).returncode
     ):
-        pytest.skip(f"needs podman and {base} (.ci/podman.sh)")
+        pytest.skip(f"needs podman and {DEBIAN_BASE} (.ci/podman.sh)")
+
+
+def make_sif_of_debian_base(
+    tmp_path: Path, images: Path, path: str
+) -> subprocess.CompletedProcess[str]:
+    """scripts/image.py sif of the debian base into ``images``, with ``path`` as PATH."""
+    manifest = inspect_image("podman", "torch-2.0", DEBIAN_BASE, "build")
+    manifest.write(tmp_path / "torch-2.0.json")
+    command = [sys.executable, "scripts/image.py", "sif", "--env", "torch-2.0", "--source",
+               "image", "--engine", "podman", "--manifest", str(tmp_path / "torch-2.0.json"),
+               "--requirements", "envs/torch-2.0.txt", "--python", "3.10",
+               "--sif", str(images / "torch-2.0.sif"),
+               "--digest", str(images / "torch-2.0.sif.digest")]  # fmt: skip
+    return subprocess.run(command, cwd=ROOT, env={**os.environ, "PATH": path},
+                          capture_output=True, text=True, check=False)  # fmt: skip
+
+
+@pytest.mark.container
+def test_a_disk_too_small_for_the_sif_stops_it_in_one_line_before_writing(tmp_path: Path) -> None:
+    need_debian_base()
+    with small_disk(tmp_path / "images", size_kib=1024) as images:
+        done = make_sif_of_debian_base(tmp_path, images, with_emulator()["PATH"])
+        left = sorted(p.name for p in images.iterdir())
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert re.fullmatch(
+        rf"error: images: making torch-2\.0\.sif needs about \d+\.\d GB free in {images} \(the "
+        r"image's docker archive, then the SIF\); 0\.0 GB are free: free space there, or set "
+        r"containers\.image_dir to a directory on a larger disk",
+        line,
+    ), line
+    assert "podman save" not in done.stdout
+    assert left == [".sif-conversion.lock"]
+
+
+@pytest.mark.container
+def test_a_failed_conversion_leaves_neither_its_archive_nor_a_partial_sif(tmp_path: Path) -> None:
+    """podman saves the image's archive, then the conversion fails (no apptainer on PATH): the
+    multi-GB archive goes with it."""
+    need_debian_base()
+    tools = tmp_path / "bin"
+    bare = bare_path(tools)
+    (tools / "podman").symlink_to(shutil.which("podman"))
+    images = tmp_path / "images"
+    done = make_sif_of_debian_base(tmp_path, images, bare)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "+ podman save" in done.stdout and "+ apptainer build" in done.stdout
+    assert sorted(p.name for p in images.iterdir()) == [".sif-conversion.lock"]
+    converted = make_sif_of_debian_base(tmp_path, images, with_emulator(bare)["PATH"])
+    assert converted.returncode == 0, converted.stdout + converted.stderr
+    assert sorted(p.name for p in images.iterdir()) == [
+        ".sif-conversion.lock",
+        "torch-2.0.sif",
+        "torch-2.0.sif.digest",
+    ]
+
+
+@pytest.mark.container
+def test_emulator_builds_a_definition_file_and_runs_it(tmp_path: Path) -> None:
+    need_debian_base()
     (tmp_path / "ptspeed.def").write_text(DEFINITION)
     (tmp_path / "source.txt").write_text("copied\n")
     sif = tmp_path / "x.sif"

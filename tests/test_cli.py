@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TINY_CELL, files_in, fill, full_disk, ptspeed, read_valid_record
+from helpers import TINY_CELL, files_in, fill, ptspeed, read_valid_record, small_disk
 
 from ptspeed.cell.schema import json_schema
 from ptspeed.models import REGISTRY
@@ -116,7 +116,7 @@ def test_models_command_lists_every_model_with_its_sizes() -> None:
 
 @pytest.mark.slow
 def test_a_full_disk_fails_the_cell_in_one_line_and_loses_nothing(tmp_path: Path) -> None:
-    with full_disk(tmp_path / "disk") as disk:
+    with small_disk(tmp_path / "disk") as disk:
         kept = disk / "trial0.json"
         kept.write_text('{"an earlier record": true}\n', encoding="utf-8")
         fill(disk)

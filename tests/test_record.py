@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import fill, full_disk
+from helpers import fill, small_disk
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
@@ -285,7 +285,7 @@ def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path: Path
 
 
 def test_a_full_disk_fails_the_write_in_one_line_and_leaves_nothing(tmp_path: Path) -> None:
-    with full_disk(tmp_path / "disk") as disk:
+    with small_disk(tmp_path / "disk") as disk:
         kept = disk / "trial0.json"
         write_record(full_record(), kept)
         before = kept.read_bytes()

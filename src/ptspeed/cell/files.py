@@ -6,11 +6,14 @@ Imports under Python 3.10 without torch (the watchdog writes records with it).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import os
 import re
 import socket
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ptspeed.errors import WriteFailed
@@ -53,6 +56,20 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
         if isinstance(error, OSError):
             raise WriteFailed(f"cannot write {target}: {error.strerror or error}") from error
         raise
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path, on_wait: Callable[[], None]) -> Iterator[None]:
+    """Hold an advisory lock on ``lock_path`` (created if missing) for the ``with`` block;
+    ``on_wait`` runs once when another process holds it, before waiting. The kernel drops the
+    lock however its holder ends."""
+    with open(lock_path, "a+", encoding="utf-8") as lock_file:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            on_wait()
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
 
 
 def remove_dead_temporaries(target: Path) -> list[Path]:

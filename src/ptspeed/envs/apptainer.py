@@ -25,7 +25,7 @@ from ptspeed.envs.containers import (
     ImageManifest,
     digest_of,
 )
-from ptspeed.errors import ConfigError
+from ptspeed.errors import ConfigError, ContainerError
 
 BUILDERS = ("auto", *ENGINES, "apptainer")
 DEFINITION = Path("docker/ptspeed.def")
@@ -51,6 +51,11 @@ CUDA_MINIMUM_DRIVER = {
 # PYTHONPATH is the cell rule's own (the suite's src/). The image's python is a venv's, which
 # ignores the user site anyway (the bound $HOME's ~/.local).
 CELL_PYTHON = "env -u PYTHONHOME -u PYTHONSTARTUP PYTHONNOUSERSITE=1"
+# Making a SIF of an engine's image writes the image's docker archive (about its size) and then
+# the SIF beside it (compressed, at most about as much again) before the archive goes.
+SIF_ROOM_PER_IMAGE_BYTE = 2
+# One conversion at a time per image directory, so that two archives never need room at once.
+SIF_LOCK = ".sif-conversion.lock"
 CUDA_IN_BASE = re.compile(r"cuda:(\d+)\.(\d+)")
 NO_BUILDER = (
     "containers: nothing here builds the images (no docker, podman or apptainer): "
@@ -110,6 +115,11 @@ def plan_sif(
     )
 
 
+def sif_archive(sif: Path) -> Path:
+    """The docker archive an engine's image is saved to on its way to ``sif``."""
+    return sif.with_name(f"{sif.name}.tar")
+
+
 def sif_commands(
     plan: SifPlan,
     sif: Path,
@@ -118,7 +128,7 @@ def sif_commands(
     manifest: ImageManifest | None = None,
     reference: str = "",
 ) -> list[list[str]]:
-    """The commands that write ``sif``."""
+    """The commands that write ``sif`` (their caller removes :func:`sif_archive` after them)."""
     build = ["apptainer", "build", "--force"]
     if plan.source == "registry":
         return [[*build, str(sif), f"docker://{reference.split('://', 1)[-1]}"]]
@@ -127,12 +137,11 @@ def sif_commands(
             raise ValueError("an Apptainer image made from an image needs its manifest and engine")
         if plan.engine == "docker":
             return [[*build, str(sif), f"docker-daemon:{manifest.image}"]]
-        archive = sif.with_name(f"{sif.name}.tar")
+        archive = sif_archive(sif)
         return [
             [plan.engine, "save", "--format", "docker-archive", "--output", str(archive),
              manifest.image],
             [*build, str(sif), f"docker-archive:{archive}"],
-            ["rm", "-f", str(archive)],
         ]  # fmt: skip
     if spec is None:
         raise ValueError("an Apptainer image built from the definition needs its build spec")
@@ -145,6 +154,23 @@ def sif_commands(
     if spec.uv_cache is not None:
         build += ["--bind", f"{spec.uv_cache}:{BUILD_UV_CACHE}"]
     return [[*build, str(sif), str(project / DEFINITION)]]
+
+
+def check_room_for_sif(env: str, directory: Path, image_bytes: int) -> None:
+    """Refuse to start a conversion that the disk of ``directory`` cannot hold: a full disk
+    midway leaves a failed multi-GB write and an engine error instead of this one line."""
+    needed = SIF_ROOM_PER_IMAGE_BYTE * image_bytes
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise ContainerError(
+            f"images: making {env}.sif needs about {_gigabytes(needed)} free in {directory} "
+            f"(the image's docker archive, then the SIF); {_gigabytes(free)} are free: free "
+            "space there, or set containers.image_dir to a directory on a larger disk"
+        )
+
+
+def _gigabytes(size: int) -> str:
+    return f"{size / 1e9:.1f} GB"
 
 
 def sif_digest(

@@ -361,6 +361,15 @@ def inspect_image(
     )
 
 
+def image_size(engine: str, reference: str) -> int:
+    """The image's size in bytes as the engine reports it (its layers, uncompressed)."""
+    answer = _output([engine, "image", "inspect", "--format", "{{.Size}}", reference]).strip()
+    try:
+        return int(answer)
+    except ValueError:
+        raise ContainerError(f"{engine} image inspect {reference}: size {answer!r}") from None
+
+
 def image_digest(details: Mapping[str, object], reference: str) -> str:
     """The manifest digest: the one the reference pins, a registry's, podman's own, else the id.
 

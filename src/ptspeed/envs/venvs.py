@@ -12,7 +12,7 @@ Standard library only: this runs in the orchestrating interpreter, which has no 
 """
 
 import contextlib
-import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ptspeed.cell.files import process_exists
+from ptspeed.cell.files import exclusive_lock, process_exists
 from ptspeed.errors import EnvBuildError
 
 MARKER_NAME = "ptspeed-env.json"
@@ -201,18 +201,11 @@ class Installation:
         return create, [*install, "--compile", "--no-deps", "-r", str(self.requirements)]
 
 
-@contextlib.contextmanager
-def _build_lock(final: Path, name: str) -> Iterator[None]:
-    """Hold the build lock of ``final`` (a lock file beside it): one build of a lock at a time.
-    The kernel drops the lock however its holder ends."""
+def _build_lock(final: Path, name: str) -> contextlib.AbstractContextManager[None]:
+    """The build lock of ``final`` (a lock file beside it): one build of a lock at a time."""
     lock_path = final.parent / f".{final.name}.lock"
-    with open(lock_path, "a+", encoding="utf-8") as lock_file:
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say(f"waiting for another run building environment {name} ({lock_path})")
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
-        yield
+    waiting = f"waiting for another run building environment {name} ({lock_path})"
+    return exclusive_lock(lock_path, functools.partial(_say, waiting))
 
 
 def _remove_staging_leftovers(final: Path) -> None:
