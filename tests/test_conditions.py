@@ -210,7 +210,7 @@ def perturbed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     processes per CPU, each in its own session) beside the measured window of the BURNED
     trials."""
     directory = tmp_path_factory.mktemp("perturbed")
-    config_file = write_config(directory, RUN)
+    config_file = write_config(directory, RUN, judge_cpu=True)
     faults = ",".join(f"{env}/mlp/eager/train/{trial}={NEIGHBOUR}" for env, trial in BURNED)
     environ = {**os.environ, FAULTS_VARIABLE: faults}
     done = snakemake("--configfile", str(config_file), env=environ, timeout=RUN_TIMEOUT_S - 60)

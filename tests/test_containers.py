@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from helpers import BIN, PLAN_TIMEOUT_S, ROOT
+from helpers import BIN, PLAN_TIMEOUT_S, ROOT, write_config
 from helpers import snakemake as run_snakemake
 
 from ptspeed.cell import provenance
@@ -98,12 +97,6 @@ def container_config(directory: Path, **containers: str) -> dict[str, Any]:
             }
         },
     }
-
-
-def write_config(directory: Path, config: dict[str, Any]) -> Path:
-    path = directory / "config.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def snakemake(*args: str, timeout: float = PLAN_TIMEOUT_S, path: str | None = None) -> str:

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from helpers import TINY_STEPS
+from helpers import TINY_STEPS, write_config
 from helpers import snakemake as run_snakemake
 
 from ptspeed.errors import ConfigError
@@ -55,11 +54,8 @@ needs_slurm = pytest.mark.skipif(
 )
 
 
-def write_config(directory: Path, **changes: Any) -> Path:
-    config = {"results": str(directory / "results"), **MATRIX, **changes}
-    path = directory / "config.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+def slurm_config(directory: Path, **changes: Any) -> Path:
+    return write_config(directory, {**MATRIX, **changes})
 
 
 def snakemake(
@@ -106,7 +102,7 @@ def test_cluster_jobs_take_their_cpus_from_the_cluster_block() -> None:
 
 
 def test_slurm_run_without_a_required_account_stops_with_one_line(tmp_path: Path) -> None:
-    config = write_config(tmp_path, cluster={"account_required": True})
+    config = slurm_config(tmp_path, cluster={"account_required": True})
     done = snakemake("--dry-run", "--configfile", str(config))
     assert done.returncode != 0, done.stdout
     messages = [line for line in done.stdout.splitlines() if line.startswith("config: ")]
@@ -119,7 +115,7 @@ def test_slurm_run_without_a_required_account_stops_with_one_line(tmp_path: Path
 def test_cuda_run_with_the_default_profile_added_is_refused(tmp_path: Path) -> None:
     """--profile profiles/slurm also applies profiles/default, whose gpu: 0 would strip the
     GPU request from every CUDA cell job."""
-    config = write_config(tmp_path, device="cuda")
+    config = slurm_config(tmp_path, device="cuda")
     done = snakemake(
         "--dry-run", "--configfile", str(config), profile=("--profile", "profiles/slurm")
     )
@@ -130,7 +126,7 @@ def test_cuda_run_with_the_default_profile_added_is_refused(tmp_path: Path) -> N
 
 def test_cell_jobs_carry_the_cluster_block_as_resources(tmp_path: Path) -> None:
     cluster = {"partition": "gpu", "account": "proj1", "account_required": True}
-    config = write_config(tmp_path, cluster=cluster)
+    config = slurm_config(tmp_path, cluster=cluster)
     done = snakemake("--dry-run", "--configfile", str(config))
     assert done.returncode == 0, done.stdout
     cell_resources = [
@@ -216,7 +212,7 @@ def slurm_node() -> None:
 @pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
 @pytest.mark.slow
 def test_matrix_runs_cell_by_cell_as_slurm_jobs(tmp_path: Path, slurm_node: None) -> None:
-    output, _, prefix = run_on_slurm(tmp_path, write_config(tmp_path))
+    output, _, prefix = run_on_slurm(tmp_path, slurm_config(tmp_path))
     results = tmp_path / "results"
     found = records(results)
     assert len(found) == 4
@@ -243,7 +239,7 @@ def test_matrix_runs_cell_by_cell_as_slurm_jobs(tmp_path: Path, slurm_node: None
 @pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
 @pytest.mark.slow
 def test_cuda_cells_request_a_gpu_from_slurm(tmp_path: Path, slurm_node: None) -> None:
-    config = write_config(tmp_path, device="cuda", trials=1)
+    config = slurm_config(tmp_path, device="cuda", trials=1)
     # One cell is enough to see the request: its record is the only target.
     target = tmp_path / "results" / "records" / "host" / "mlp" / "eager" / "train" / "b16"
     output, _, prefix = run_on_slurm(tmp_path, config, "--verbose", str(target / "trial0.json"))
