@@ -35,6 +35,7 @@ from ptspeed.envs.apptainer import (
     SifPlan,
     check_room_for_sif,
     image_key,
+    saves_archive,
     sif_archive,
     sif_commands,
     sif_digest,
@@ -141,7 +142,7 @@ def make_sif(args: argparse.Namespace) -> None:
         waiting = f"waiting for another conversion in {target.parent}"
         with exclusive_lock(target.parent / SIF_LOCK, functools.partial(print, waiting)):
             if not made_by_another_checkout():
-                convert(plan, target, spec, manifest, args)
+                convert(plan, target, digest_file, spec, manifest, args)
     if shared:
         args.sif.unlink(missing_ok=True)
         args.sif.symlink_to(shared.resolve())
@@ -152,21 +153,21 @@ def make_sif(args: argparse.Namespace) -> None:
 def convert(
     plan: SifPlan,
     target: Path,
+    digest_file: Path,
     spec: BuildSpec | None,
     manifest: ImageManifest | None,
     args: argparse.Namespace,
 ) -> None:
     """Make ``target`` and its digest file; a failed conversion leaves neither a partial SIF
     nor its multi-GB docker archive behind."""
-    if plan.source == "image" and manifest is not None and plan.engine != "docker":
-        check_room_for_sif(args.env, target.parent, image_size(plan.engine, manifest.id))
+    if saves_archive(plan) and manifest is not None:
+        check_room_for_sif(args.env, target.parent, image_size(manifest.engine, manifest.id))
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     commands = sif_commands(plan, partial, spec, PROJECT, manifest, args.uri)
     try:
         for command in commands:
             print("+", " ".join(command), flush=True)
             subprocess.run(command, check=True)
-        digest_file = target.with_name(f"{target.name}.digest")
         digest_file.write_text(sif_digest(plan, partial, manifest, args.uri) + "\n")
         partial.replace(target)
     finally:

@@ -132,10 +132,10 @@ def timed_loop(
     for index in range(steps):
         with timer.step():
             output = step()
-        if index == keep and index < steps - 1:
-            kept = _copy(output)
+        if index == keep:
+            kept = output if index == steps - 1 else _copy(output)
     timer.end()
-    return timer.result(), output, output if keep == steps - 1 else kept
+    return timer.result(), output, kept
 
 
 def _copy(output: Any) -> Any:

@@ -115,6 +115,12 @@ def plan_sif(
     )
 
 
+def saves_archive(plan: SifPlan) -> bool:
+    """Whether making the SIF goes through a docker archive (an engine's image, not docker's:
+    Apptainer reads docker's daemon directly)."""
+    return plan.source == "image" and plan.engine != "docker"
+
+
 def sif_archive(sif: Path) -> Path:
     """The docker archive an engine's image is saved to on its way to ``sif``."""
     return sif.with_name(f"{sif.name}.tar")
@@ -135,7 +141,7 @@ def sif_commands(
     if plan.source == "image":
         if manifest is None or plan.engine is None:
             raise ValueError("an Apptainer image made from an image needs its manifest and engine")
-        if plan.engine == "docker":
+        if not saves_archive(plan):
             return [[*build, str(sif), f"docker-daemon:{manifest.image}"]]
         archive = sif_archive(sif)
         return [
