@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,18 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ptspeed"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Matplotlib caches its font list in the home directory, shared by every matplotlib of a
+    # version; one written by another install or cut short leaves fonts out, and each lookup
+    # then warns on stderr, where the tests read a command's one-line error. A session's own.
+    os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="ptspeed-matplotlib-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ.pop("MPLCONFIGDIR", ""), ignore_errors=True)
+
 
 # Installing packages or making a venv: pip's and uv's subcommands that do it.
 _INSTALLERS = {"pip", "uv"}

@@ -50,10 +50,10 @@ def render(
     check_columns(speedups, SPEEDUP_COLUMNS, "speedups")
     if steps is not None:
         check_columns(steps, STEPS_COLUMNS, "steps")
+    environment = template_environment(templates_dir)
     inputs = ReportInputs(runs, summary, speedups, config, claims, steps)
     sections = build_sections(inputs)
     warning = mostly_perturbed(runs)
-    environment = template_environment(templates_dir)
     outputs = {"index.html": HTML_TEMPLATE, "report.md": MARKDOWN_TEMPLATE}
     written = []
     for filename, template in outputs.items():
