@@ -70,9 +70,13 @@ def test_mask_rcnn_trains_scripted() -> None:
 @pytest.mark.parametrize(
     ("model", "knobs", "reason"),
     [
-        ("bert-base", "jit=script", "jit: torch.jit.script cannot take the model: RuntimeError: "),
+        ("bert-tiny", "jit=script", "jit: torch.jit.script cannot take the model: RuntimeError: "),
         # Its output holds the attention cache beside the logits: no one TorchScript type.
-        ("gpt2", "jit=trace", "jit: torch.jit.trace cannot take the model: RuntimeError: Tracer"),
+        (
+            "gpt2-tiny",
+            "jit=trace",
+            "jit: torch.jit.trace cannot take the model: RuntimeError: Tracer",
+        ),
     ],
 )
 def test_a_model_torchscript_cannot_take_is_unsupported_with_torchs_reason(
@@ -152,8 +156,8 @@ def test_a_wrong_torchscript_step_is_caught() -> None:
 
 @pytest.mark.slow
 def test_the_attention_a_text_model_ran_with_is_recorded() -> None:
-    default = run_cell(tiny_cell("gpt2", "eager", "infer"))
-    chosen = run_cell(tiny_cell("gpt2", "attn=eager", "infer"))
+    default = run_cell(tiny_cell("gpt2-tiny", "eager", "infer"))
+    chosen = run_cell(tiny_cell("gpt2-tiny", "attn=eager", "infer"))
     assert default.status == chosen.status == "ok"
     # transformers picks SDPA where its torch has it (from 2.1.1 on in transformers 4.46.3).
     expected = "sdpa" if is_torch_sdpa_available() else "eager"
@@ -322,12 +326,19 @@ OLDER_ENVIRONMENTS = [
     ("torch-1.13", "mlp", "jit=script", "train", "ok", ""),
     ("torch-1.13", "mlp", "jit=trace", "infer", "ok", ""),
     ("torch-1.13", "resnet50", "jit=trace", "infer", "ok", ""),
-    ("torch-1.13", "gpt2", "jit=trace", "infer", "unsupported", "takes positional inputs only"),
-    ("torch-1.13", "gpt2", "attn=sdpa", "infer", "unsupported", "Please install torch>=2.1.1"),
+    (
+        "torch-1.13",
+        "gpt2-tiny",
+        "jit=trace",
+        "infer",
+        "unsupported",
+        "takes positional inputs only",
+    ),
+    ("torch-1.13", "gpt2-tiny", "attn=sdpa", "infer", "unsupported", "Please install torch>=2.1.1"),
     ("torch-2.0", "mlp", "jit=trace", "train", "ok", ""),
     ("torch-2.0", "resnet50", "jit=script", "infer", "ok", ""),
-    ("torch-2.0", "bert-base", "jit=trace", "infer", "ok", ""),
-    ("torch-2.0", "gpt2", "attn=sdpa", "infer", "unsupported", "Please install torch>=2.1.1"),
+    ("torch-2.0", "bert-tiny", "jit=trace", "infer", "ok", ""),
+    ("torch-2.0", "gpt2-tiny", "attn=sdpa", "infer", "unsupported", "Please install torch>=2.1.1"),
     ("torch-2.0", "mlp", "compile+backend=eager", "train", "ok", ""),
 ]
 
@@ -352,7 +363,7 @@ def test_the_knobs_in_the_older_environments(
     assert fragment in record.reason
     if status == "ok":
         assert record.numerics.checked and record.numerics.passed
-    if model == "bert-base":
+    if model == "bert-tiny":
         assert record.metrics.attn_implementation == "eager"  # transformers' only one there
     if "compile" in knobs:
         assert record.metrics.compiled_graphs == 1 and record.metrics.compile_time_by_phase_s

@@ -84,7 +84,7 @@ def test_a_step_that_still_compiles_extends_the_warmup(monkeypatch: pytest.Monke
 GATE_CELLS = [
     ("mlp", "loader=0", {}),
     ("resnet50", "channels_last", {"image_size": 64, "batch_size": 4}),
-    ("bert-base", "loader=0", {"seq_len": 8}),
+    ("bert-tiny", "loader=0", {"seq_len": 8}),
 ]
 
 
@@ -101,11 +101,12 @@ def test_a_wrong_backward_or_optimizer_step_is_caught(
     assert check.max_relative_error > 2 * check.allowed_error
 
 
-# Ten seeds of the mlp here, three of the two heavy models (each cell runs six reference steps);
+# Ten seeds of the mlp here, three of the two heavy models (each cell runs six reference steps),
+# and one of the full-size BERT, whose deeper sums the tiny one does not have;
 # scripts/numerics_study.py measures 30 seeds a model (the false-alarm rate in the issue note).
 FAULT_FREE_CELLS = [
     (*cell, seed) for cell in GATE_CELLS for seed in range(10 if cell[0] == "mlp" else 3)
-]
+] + [("bert-base", "loader=0", {"seq_len": 8}, 0)]
 
 
 @pytest.mark.slow

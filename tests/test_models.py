@@ -19,6 +19,8 @@ TINY: dict[str, Sizes] = {
     "mask-rcnn": Sizes(batch_size=2, image_size=64),
     "bert-base": Sizes(batch_size=2, seq_len=8),
     "gpt2": Sizes(batch_size=2, seq_len=8),
+    "bert-tiny": Sizes(batch_size=2, seq_len=8),
+    "gpt2-tiny": Sizes(batch_size=2, seq_len=8),
 }
 CPU = torch.device("cpu")
 

@@ -136,6 +136,8 @@ SPLITS = {
     "resnet50": "0-14 stem..layer4.0 14.6M | 15-17 layer4.1..fc 11.0M",
     "bert-base": "0-6 embeddings..encoder.5 66.4M | 7-13 encoder.6..head 66.6M",
     "gpt2": "0-6 embedding..h.5 81.9M | 7-13 h.6..head 81.1M",
+    "bert-tiny": "0-1 embeddings..encoder.0 4.2M | 2-3 encoder.1..head 4.2M",
+    "gpt2-tiny": "0-1 embedding..h.0 6.8M | 2-3 h.1..head 6.6M",
 }
 
 
@@ -268,14 +270,15 @@ def assert_staged(record: Record, spec: CellSpec) -> None:
 
 
 @pytest.mark.slow
-# Each model once and each knob twice (modelpar is the pipeline's schedule with one micro-batch):
-# eight 2-process jobs of full-size models would cost CI minutes and add no path.
+# Each model's layering once (the transformers' on their tiny configurations, the same classes)
+# and each knob twice (modelpar is the pipeline's schedule with one micro-batch): eight 2-process
+# jobs of full-size models would cost CI minutes and add no path.
 @pytest.mark.parametrize(
     ("model", "knobs"),
     [
         ("resnet50", "pipeline=2+chunks=2"),
-        ("bert-base", "modelpar=2"),
-        ("gpt2", "pipeline=2+chunks=2"),
+        ("bert-tiny", "modelpar=2"),
+        ("gpt2-tiny", "pipeline=2+chunks=2"),
         ("lstm-lm", "modelpar=2"),
     ],
 )
@@ -299,7 +302,7 @@ def test_a_two_stage_pipeline_infers_like_eager(tmp_path: Path) -> None:
     reason="set PTSPEED_TORCH_1_13_PYTHON to a torch 1.13 venv's python",
 )
 def test_a_pipeline_under_torch_1_13(tmp_path: Path) -> None:
-    spec = cell("pipeline=2+chunks=2", model="gpt2")
+    spec = cell("pipeline=2+chunks=2", model="gpt2-tiny")
     record = run_job(spec, tmp_path, python=os.environ["PTSPEED_TORCH_1_13_PYTHON"])
     assert record.provenance.torch.startswith("1.13.1")
     assert_staged(record, spec)

@@ -99,6 +99,8 @@ REGISTRY: dict[str, ModelEntry] = {
     ),
     "bert-base": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (8, 512)}),
     "gpt2": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (2, 1024)}),
+    "bert-tiny": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (8, 512)}),
+    "gpt2-tiny": ModelEntry("ptspeed.models.text", ("seq_len",), {"seq_len": (2, 1024)}),
 }
 
 

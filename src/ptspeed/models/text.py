@@ -19,6 +19,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import importlib
 import types
+from collections.abc import Callable
 
 import torch
 import transformers
@@ -47,22 +48,35 @@ _provide_torch_compiler_is_compiling()
 IGNORED_LABEL = -100
 
 
-def _bert(sizes: Sizes, attn: str | None = None) -> nn.Module:
-    # The config's defaults are bert-base-uncased's sizes.
-    return _build(transformers.BertForMaskedLM, transformers.BertConfig, attn)
+# The small configurations keep the base models' classes, vocabularies and code paths (every
+# knob, layering and check runs as on the base model) at BERT-Tiny's sizes (Turc et al. 2019:
+# 2 layers, width 128, 2 heads): a few million parameters, where the per-kernel overhead that
+# CUDA graphs and torch.compile remove dominates the step.
+TINY_BERT = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2}
+TINY_BERT["intermediate_size"] = 4 * TINY_BERT["hidden_size"]
+TINY_GPT2 = {"n_layer": 2, "n_embd": 128, "n_head": 2}
 
 
-def _gpt2(sizes: Sizes, attn: str | None = None) -> nn.Module:
-    return _build(transformers.GPT2LMHeadModel, transformers.GPT2Config, attn)  # the 124M model
+def _builder(model_class: str, config_class: str, **fields: int) -> Callable[..., nn.Module]:
+    """``build(sizes, attn=None)`` of a transformers model; ``fields`` change its config's
+    defaults (none: the base model's sizes)."""
+
+    def build(sizes: Sizes, attn: str | None = None) -> nn.Module:
+        model = getattr(transformers, model_class)
+        return _build(model, getattr(transformers, config_class), attn, fields)
+
+    return build
 
 
-def _build(model_class: type, config_class: type, attn: str | None) -> nn.Module:
+def _build(
+    model_class: type, config_class: type, attn: str | None, fields: dict[str, int]
+) -> nn.Module:
     """The model with ``attn`` attention (None: transformers' default); Unsupported, with
     transformers' reason, where this transformers and torch cannot build it."""
     if attn is None:
-        return model_class(config_class())
+        return model_class(config_class(**fields))
     try:
-        model = model_class(config_class(attn_implementation=attn))
+        model = model_class(config_class(**fields, attn_implementation=attn))
     except (ImportError, ValueError) as exc:
         what = f"attn={attn} in transformers {transformers.__version__}"
         raise Unsupported.because(what, exc) from exc
@@ -146,22 +160,25 @@ def _block(name: str, block: nn.Module) -> Layer:
     return Layer(name, block, lambda x, batch: block(x)[0])
 
 
-SPECS = {
-    "bert-base": ModelSpec(
-        name="bert-base",
-        description="BERT-base (110M) masked language model, 15% masked tokens",
-        build=_bert,
+def _bert_spec(name: str, description: str, **fields: int) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        description=description,
+        build=_builder("BertForMaskedLM", "BertConfig", **fields),
         make_batch=_masked_lm_batch,
         loss=lambda model, batch: model(input_ids=batch["input_ids"], labels=batch["labels"]).loss,
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
         blocks=("BertLayer",),
         attention=attention_implementation,
         layering=Layering(_bert_layers, _masked_lm_loss, _masked_count),
-    ),
-    "gpt2": ModelSpec(
-        name="gpt2",
-        description="GPT-2 (124M) causal language model",
-        build=_gpt2,
+    )
+
+
+def _gpt2_spec(name: str, description: str, **fields: int) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        description=description,
+        build=_builder("GPT2LMHeadModel", "GPT2Config", **fields),
         make_batch=_causal_lm_batch,
         loss=lambda model, batch: (
             model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
@@ -170,5 +187,19 @@ SPECS = {
         blocks=("GPT2Block",),
         attention=attention_implementation,
         layering=Layering(_gpt2_layers, _causal_lm_loss),
+    )
+
+
+SPECS = {
+    # The configs' defaults are bert-base-uncased's and the 124M GPT-2's sizes.
+    "bert-base": _bert_spec(
+        "bert-base", "BERT-base (110M) masked language model, 15% masked tokens"
+    ),
+    "gpt2": _gpt2_spec("gpt2", "GPT-2 (124M) causal language model"),
+    "bert-tiny": _bert_spec(
+        "bert-tiny", "BERT-Tiny (4.4M: 2 layers, width 128) masked language model", **TINY_BERT
+    ),
+    "gpt2-tiny": _gpt2_spec(
+        "gpt2-tiny", "GPT-2 at BERT-Tiny's sizes (7.0M: 2 layers, width 128)", **TINY_GPT2
     ),
 }
