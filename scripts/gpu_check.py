@@ -74,7 +74,7 @@ PATHS = (
     CheckedPath("cudnn_benchmark", "resnet50", "cudnn_benchmark", batch_size=2),
     CheckedPath("jit script", "mlp", "jit=script"),
     CheckedPath("jit trace", "resnet50", "jit=trace", batch_size=2),
-    CheckedPath("attn sdpa", "bert-base", "attn=sdpa", batch_size=2, since=(2, 1)),
+    CheckedPath("attn sdpa", "bert-tiny", "attn=sdpa", batch_size=2, since=(2, 1)),
     CheckedPath("prefetch", "mlp", "loader=2+pin+prefetch"),
     CheckedPath("ddp, 1 process", "mlp", "ddp+procs=1"),
     CheckedPath("fsdp, 1 process", "resnet50", "fsdp+procs=1", batch_size=2),
