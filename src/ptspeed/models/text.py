@@ -17,9 +17,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+import functools
 import importlib
 import types
-from collections.abc import Callable
 
 import torch
 import transformers
@@ -61,26 +61,25 @@ TINY_BERT = {
 TINY_GPT2 = {"n_layer": 2, "n_embd": 128, "n_head": 2}  # GPT-2's inner width is 4 x n_embd
 
 
-def _builder(model_class: str, config_class: str, **fields: int) -> Callable[..., nn.Module]:
-    """``build(sizes, attn=None)`` of a transformers model; ``fields`` change its config's
-    defaults (none: the base model's sizes)."""
-
-    def build(sizes: Sizes, attn: str | None = None) -> nn.Module:
-        model = getattr(transformers, model_class)
-        return _build(model, getattr(transformers, config_class), attn, fields)
-
-    return build
-
-
 def _build(
-    model_class: type, config_class: type, attn: str | None, fields: dict[str, int]
+    model_class: str,
+    config_class: str,
+    fields: dict[str, int],
+    sizes: Sizes,
+    attn: str | None = None,
 ) -> nn.Module:
-    """The model with ``attn`` attention (None: transformers' default); Unsupported, with
-    transformers' reason, where this transformers and torch cannot build it."""
+    """transformers' ``model_class`` with ``config_class``'s defaults changed by ``fields`` and
+    ``attn`` attention (None: transformers' default); Unsupported, with transformers' reason,
+    where this transformers and torch cannot build it. The classes are named, not imported,
+    so that transformers loads a model's code only when one is built."""
+    model_type, config_type = (
+        getattr(transformers, model_class),
+        getattr(transformers, config_class),
+    )
     if attn is None:
-        return model_class(config_class(**fields))
+        return model_type(config_type(**fields))
     try:
-        model = model_class(config_class(**fields, attn_implementation=attn))
+        model = model_type(config_type(**fields, attn_implementation=attn))
     except (ImportError, ValueError) as exc:
         what = f"attn={attn} in transformers {transformers.__version__}"
         raise Unsupported.because(what, exc) from exc
@@ -168,7 +167,7 @@ def _bert_spec(name: str, description: str, **fields: int) -> ModelSpec:
     return ModelSpec(
         name=name,
         description=description,
-        build=_builder("BertForMaskedLM", "BertConfig", **fields),
+        build=functools.partial(_build, "BertForMaskedLM", "BertConfig", fields),
         make_batch=_masked_lm_batch,
         loss=lambda model, batch: model(input_ids=batch["input_ids"], labels=batch["labels"]).loss,
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
@@ -182,7 +181,7 @@ def _gpt2_spec(name: str, description: str, **fields: int) -> ModelSpec:
     return ModelSpec(
         name=name,
         description=description,
-        build=_builder("GPT2LMHeadModel", "GPT2Config", **fields),
+        build=functools.partial(_build, "GPT2LMHeadModel", "GPT2Config", fields),
         make_batch=_causal_lm_batch,
         loss=lambda model, batch: (
             model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
