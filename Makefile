@@ -34,9 +34,15 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores all
 
 # make test: every test that can run here (a missing GPU, cluster or image builder skips its
-# tests). PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--durations=25 as CI does.
+# tests). PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--durations=25 as CI does. The tests marked
+# `alone` judge the machine's load: they run first, by themselves; then the rest run on
+# TEST_WORKERS processes (pytest-xdist; one test file per worker at a time, so a file's
+# module-scoped runs happen once). TEST_WORKERS=0: all in this process, one after another.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -m "not alone" -n $(TEST_WORKERS) --maxprocesses 8 \
+		--dist loadfile $(PYTEST_ARGS)
 
 # make test-fast: the loop to run while editing (about a minute): every module's unit tests,
 # without Snakemake runs, venv builds, downloads, real models or compiles. tests/conftest.py

@@ -44,6 +44,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # version; one written by another install or cut short leaves fonts out, and each lookup
     # then warns on stderr, where the tests read a command's one-line error. A session's own.
     os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="ptspeed-matplotlib-")
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:  # pytest-xdist: torch in this worker takes its share of the CPUs, not all of them
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

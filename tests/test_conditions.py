@@ -191,16 +191,17 @@ TRIALS = 4
 RUN: dict[str, Any] = {
     **HOSTS,
     "trials": TRIALS,
-    "threads": 2,
-    # 120 steps of mlp at batch 32: a window of 0.6-25 s on the 2-core machine (quiet to load
-    # average 9), long enough for /proc/stat's 10 ms ticks.
-    "steps": {"warmup": 2, "measured": 120, "numerics": 0},
+    # One thread, and Snakemake on one core: one cell at a time, nothing of the run beside it.
+    # (A 2-thread cell beside the neighbour spends most of its window in OpenMP barriers: 100 s.)
+    "threads": 1,
+    # 160 steps of mlp at batch 32: a window of about 1 s quiet (over min_window_s, long enough
+    # for /proc/stat's 10 ms ticks) and about 12 s beside the neighbour on the 2-core machine.
+    "steps": {"warmup": 2, "measured": 160, "numerics": 0},
     "models": {"mlp": {"cpu": {"batch_size": 32}}},
 }
 # Each burned trial's rerun: the next round's trial number.
 RERUNS = {(env, trial + TRIALS) for env, trial in BURNED}
-# Ten cells of 20-40 s, two rerun, and Snakemake's jobs on the 2-core machine at load
-# average 10-17: about 10 minutes.
+# Ten cells of 7-30 s, two rerun, one at a time: about 2 minutes on the 2-core machine.
 RUN_TIMEOUT_S = 1800
 
 
@@ -213,7 +214,9 @@ def perturbed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config_file = write_config(directory, RUN, judge_cpu=True)
     faults = ",".join(f"{env}/mlp/eager/train/{trial}={NEIGHBOUR}" for env, trial in BURNED)
     environ = {**os.environ, FAULTS_VARIABLE: faults}
-    done = snakemake("--configfile", str(config_file), env=environ, timeout=RUN_TIMEOUT_S - 60)
+    done = snakemake(
+        "--configfile", str(config_file), env=environ, timeout=RUN_TIMEOUT_S - 60, cores="1"
+    )
     assert done.returncode == 0, done.stdout[-4000:]
     results = directory / "results"
     tables = {name: read_table(results / "tables" / f"{name}.csv") for name in TABLES}
@@ -240,6 +243,7 @@ def _trials(runs: pd.DataFrame) -> set[tuple[str, int]]:
 
 @pytest.mark.slow
 @pytest.mark.workflow
+@pytest.mark.alone
 @pytest.mark.timeout(RUN_TIMEOUT_S)
 def test_a_neighbour_marks_exactly_the_trials_it_ran_beside(perturbed_run: dict[str, Any]) -> None:
     runs = perturbed_run["runs"]
@@ -254,6 +258,7 @@ def test_a_neighbour_marks_exactly_the_trials_it_ran_beside(perturbed_run: dict[
 
 @pytest.mark.slow
 @pytest.mark.workflow
+@pytest.mark.alone
 @pytest.mark.timeout(RUN_TIMEOUT_S)
 def test_the_workflow_reruns_each_perturbed_trial_once_beside_it(
     perturbed_run: dict[str, Any],
@@ -274,6 +279,7 @@ def test_the_workflow_reruns_each_perturbed_trial_once_beside_it(
 
 @pytest.mark.slow
 @pytest.mark.workflow
+@pytest.mark.alone
 @pytest.mark.timeout(RUN_TIMEOUT_S)
 def test_the_speedup_is_that_of_the_quiet_trials(perturbed_run: dict[str, Any]) -> None:
     runs = perturbed_run["runs"]
