@@ -55,6 +55,8 @@ EMULATOR = EMULATOR_DIR / "apptainer"
 DEFAULT_CONFIG = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 ENVIRONMENTS = {"torch-1.13": "1.13.1", "torch-2.0": "2.0.1"}
 RUN_TIMEOUT_S = 45 * 60
+# The time limit of each test of the real run: whichever comes first runs apptainer_run.
+WHOLE_RUN = pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 DIGEST = "sha256:" + "ab" * 32
 
 
@@ -273,6 +275,7 @@ def image_exec(sif: Path, *command: str, home: Path = ROOT) -> subprocess.Comple
 
 @pytest.mark.apptainer
 @pytest.mark.slow
+@WHOLE_RUN
 def test_the_run_reaches_the_report(apptainer_run: dict[str, Any]) -> None:
     results = apptainer_run["results"]
     assert (results / "report/index.html").is_file()
@@ -282,6 +285,7 @@ def test_the_run_reaches_the_report(apptainer_run: dict[str, Any]) -> None:
 
 @pytest.mark.apptainer
 @pytest.mark.slow
+@WHOLE_RUN
 def test_every_record_comes_from_inside_its_image(apptainer_run: dict[str, Any]) -> None:
     results = apptainer_run["results"]
     host_os = Path("/etc/os-release").read_text()
@@ -310,6 +314,7 @@ def test_every_record_comes_from_inside_its_image(apptainer_run: dict[str, Any])
 
 @pytest.mark.apptainer
 @pytest.mark.slow
+@WHOLE_RUN
 def test_a_cell_cannot_write_into_its_image(apptainer_run: dict[str, Any]) -> None:
     sif = apptainer_run["results"] / "images" / "torch-2.0.sif"
     done = image_exec(sif, "python", "-c", "open('/opt/venv/written-by-a-cell', 'w')")
@@ -318,6 +323,7 @@ def test_a_cell_cannot_write_into_its_image(apptainer_run: dict[str, Any]) -> No
 
 @pytest.mark.apptainer
 @pytest.mark.slow
+@WHOLE_RUN
 def test_the_cells_python_does_not_see_the_hosts_packages(
     apptainer_run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -340,6 +346,7 @@ def test_the_cells_python_does_not_see_the_hosts_packages(
 
 @pytest.mark.apptainer
 @pytest.mark.slow
+@WHOLE_RUN
 def test_a_changed_lock_rebuilds_exactly_its_image_and_cells(apptainer_run: dict[str, Any]) -> None:
     """A changed lock (a comment added: Snakemake compares the content of small inputs, not
     only their times) plans its image, its sif and its cells again, and nothing of the other

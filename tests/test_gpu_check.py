@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from helpers import make_record
+import pytest
+from helpers import ROOT, make_record
 
 from ptspeed.cell.record import write_record
 
@@ -57,3 +61,22 @@ def test_a_path_whose_late_loss_strays_from_eager_s_is_a_mismatch(tmp_path: Path
     assert (graphs.status, graphs.as_expected) == ("numerics_mismatch", False)
     assert graphs.reason.startswith("late numerics check: step 13's loss 2.2 is 10.00%")
     assert (script.status, missing.status) == ("ok", "no record")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_its_cpu_half_ends_every_path_as_expected(tmp_path: Path) -> None:
+    """``make gpu-check DEVICE=cpu ENVS=host`` (README: The GPU check), written to a
+    temporary directory: every path that runs on the CPU ends as expected there, so the check
+    cannot rot on machines without a GPU. About 4 minutes on the 2-core machine."""
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--envs", "host"]
+    done = subprocess.run(
+        [*command, "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, check=False,
+    )  # fmt: skip
+    cpu_paths = [path.name for path in gpu_check.PATHS if "cpu" in path.devices]
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert f"{len(cpu_paths)} of {len(cpu_paths)} paths as expected" in done.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [outcome["path"] for outcome in summary["outcomes"]] == cpu_paths
+    assert {outcome["status"] for outcome in summary["outcomes"]} >= {"ok", "numerics_mismatch"}
