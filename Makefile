@@ -37,12 +37,13 @@ run: $(STAMP)
 # tests). PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--durations=25 as CI does. The tests marked
 # `alone` judge the machine's load: they run first, by themselves; then the rest run on
 # TEST_WORKERS processes (pytest-xdist; one test file per worker at a time, so a file's
-# module-scoped runs happen once). TEST_WORKERS=0: all in this process, one after another.
+# module-scoped runs happen once; in the order tests/conftest.py gives them, long ones first).
+# TEST_WORKERS=0: all in this process, one after another.
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(BIN)/python -m pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -m "not alone" -n $(TEST_WORKERS) --maxprocesses 8 \
-		--dist loadfile $(PYTEST_ARGS)
+		--dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # make test-fast: the loop to run while editing (about a minute): every module's unit tests,
 # without Snakemake runs, venv builds, downloads, real models or compiles. tests/conftest.py

@@ -55,6 +55,31 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(os.environ.pop("MPLCONFIGDIR", ""), ignore_errors=True)
 
 
+# make test hands whole files to its pytest-xdist workers in collection order: first the
+# Apptainer run (image builds and conversions: mostly disk and network waits, which the other
+# workers' CPU-bound files overlap), then the files that download wheels, those with slow tests,
+# the podman build (after the Apptainer run's builds, not beside them), and the quick ones last
+# to fill the end of the run. A file's place: that of the first group any of its tests is in.
+FILE_PLACES = (
+    ({"apptainer"}, 0),
+    ({"container"}, 3),
+    ({"crossversion", "venv", "network"}, 1),
+    ({"slow", "workflow"}, 2),
+)
+QUICK_FILES_PLACE = 4
+
+
+def _file_place(markers: set[str]) -> int:
+    return next((place for names, place in FILE_PLACES if markers & names), QUICK_FILES_PLACE)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    markers: dict[Path, set[str]] = {}
+    for item in items:
+        markers.setdefault(item.path, set()).update(m.name for m in item.iter_markers())
+    items.sort(key=lambda item: _file_place(markers[item.path]))  # stable: a file keeps its order
+
+
 # Installing packages or making a venv: pip's and uv's subcommands that do it.
 _INSTALLERS = {"pip", "uv"}
 _INSTALLING = {"install", "sync", "download", "venv"}
