@@ -122,7 +122,8 @@ def write_config(
     """Write ``config`` with its results directory under ``directory``; return the file."""
     config = {"results": str(directory / "results"), **config}
     if not judge_cpu:
-        config["conditions"] = {**UNJUDGED_CPU, **config.get("conditions", {})}
+        # Over the config's own conditions: one taken from config/config.yaml judges windows.
+        config["conditions"] = {**config.get("conditions", {}), **UNJUDGED_CPU}
     path = directory / name
     path.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False))
     return path
@@ -163,16 +164,20 @@ TINY_CELL = [
 ]  # fmt: skip
 
 
+def with_sources() -> dict[str, str]:
+    """This process's environment with this checkout's sources first on PYTHONPATH."""
+    path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def ptspeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``python -m ptspeed ARGS`` as a user would, with this checkout's sources."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, "-m", "ptspeed", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=with_sources(),
         check=False,
     )
 

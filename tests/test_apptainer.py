@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import UNJUDGED_CPU, small_disk
+from helpers import small_disk
 from test_containers import CI_BASE_IMAGE as CI_PYTHON_BASE
 from test_containers import host_ca_bundle
 from test_workflow import ROOT, snakemake, write_config
@@ -235,8 +235,6 @@ def reduced_matrix(directory: Path) -> dict[str, Any]:
         "results": str(directory / "results"),
         "device": "cpu",
         "containers": {**DEFAULT_CONFIG["containers"], "ca_bundle": host_ca_bundle()},
-        # No trial judged by its CPU window: make test runs other tests beside this run.
-        "conditions": {**DEFAULT_CONFIG["conditions"], **UNJUDGED_CPU},
         "environments": environments,
         "models": {"mlp": {"cpu": {"batch_size": 16}, "cuda": {"batch_size": 64}}},
     }

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import benchmark_python
+from helpers import benchmark_python, with_sources
 
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import Rank
@@ -428,7 +428,7 @@ def test_ranks_die_with_a_killed_watchdog(tmp_path: Path) -> None:
     arguments += ["--fault", "hang", "--timeout-s", str(CELL_TIMEOUT_S), "--out", str(out)]
     watchdog = subprocess.Popen(
         [sys.executable, "-m", "ptspeed", "cell", *arguments],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        env=with_sources(),
         stderr=subprocess.DEVNULL,
     )
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from helpers import ROOT, make_record
+from helpers import ROOT, make_record, with_sources
 
 from ptspeed.cell.record import write_record
 
@@ -72,7 +71,7 @@ def test_its_cpu_half_ends_every_path_as_expected(tmp_path: Path) -> None:
     command = [sys.executable, str(SCRIPT), "--device", "cpu", "--envs", "host"]
     done = subprocess.run(
         [*command, "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, check=False,
+        env=with_sources(), check=False,
     )  # fmt: skip
     cpu_paths = [path.name for path in gpu_check.PATHS if "cpu" in path.devices]
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
