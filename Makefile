@@ -23,11 +23,13 @@ CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 setup: $(STAMP)
 
+# The host torch by pip, which follows the machine's own pip configuration (a site's index or
+# wheel directory), without compiling its bytecode (a module's is written at its first import);
+# the rest by uv, which resolves and installs them in seconds where pip takes a minute.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(HOST_TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[workflow,dev]'
+	$(BIN)/python -m pip install --quiet --no-compile $(HOST_TORCH) uv
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[workflow,dev]'
 	touch $@
 
 run: $(STAMP)

@@ -79,11 +79,24 @@ def snakemake_in(
     return snakemake(*args, cwd=workdir, env=env or faults_env(), timeout=timeout)
 
 
+# Execs the command with SIGINT's default action, as a terminal's shell starts a command. A
+# program started in the background of a non-interactive shell (`make test &`, a CI runner, nohup)
+# inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler: Snakemake
+# would not see Ctrl-C at all.
+AS_FROM_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
+
+
 def start_snakemake(workdir: Path, config: Path, log: Path, faults: str = "") -> subprocess.Popen:
-    """Snakemake in the background, in its own process group (as a batch job would be)."""
+    """Snakemake in the background, in its own process group (as a batch job would be), with
+    Ctrl-C's default action whatever this process inherited."""
     with open(log, "w", encoding="utf-8") as output:
         return subprocess.Popen(
-            [tool("snakemake"), "--cores", "2", "--configfile", str(config)],
+            [*AS_FROM_A_TERMINAL, tool("snakemake"), "--cores", "2", "--configfile", str(config)],
             cwd=workdir,
             stdout=output,
             stderr=subprocess.STDOUT,
