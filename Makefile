@@ -13,10 +13,11 @@ RECIPES := $(wildcard docker/*Dockerfile*)
 SHELL_SCRIPTS := docker/install.sh .ci/podman.sh .ci/slurm.sh .ci/run
 
 # make gpu-check: every CUDA path once (DEVICE=cpu: its CPU half; ENVS=host,torch-2.0: a subset of
-# the environments present). It runs from a plain checkout with whatever Python has torch: the
-# project's .venv where it exists, else $(PYTHON).
+# the environments present; PATHS=eager,cudagraphs: a subset of the paths). It runs from a plain
+# checkout with whatever Python has torch: the project's .venv where it exists, else $(PYTHON).
 DEVICE ?= cuda
 ENVS ?=
+PATHS ?=
 CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 .PHONY: setup run test test-fast lint format clean gpu-check
@@ -24,12 +25,12 @@ CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 setup: $(STAMP)
 
 # The host torch by pip, which follows the machine's own pip configuration (a site's index or
-# wheel directory), without compiling its bytecode (a module's is written at its first import);
-# the rest by uv, which resolves and installs them in seconds where pip takes a minute.
+# wheel directory); the rest by uv, which resolves and installs them in seconds where pip takes a
+# minute. Both compile to bytecode, so that no test or cell compiles modules at import time.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile $(HOST_TORCH) uv
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[workflow,dev]'
+	$(BIN)/python -m pip install --quiet $(HOST_TORCH) uv
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[workflow,dev]'
 	touch $@
 
 run: $(STAMP)
@@ -56,7 +57,8 @@ test-fast: $(STAMP)
 	PTSPEED_TEST_TIER=fast $(BIN)/python -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
 
 gpu-check:
-	PYTHONPATH=src $(CHECK_PYTHON) scripts/gpu_check.py --device $(DEVICE) --envs "$(ENVS)"
+	PYTHONPATH=src $(CHECK_PYTHON) scripts/gpu_check.py --device $(DEVICE) --envs "$(ENVS)" \
+		--paths "$(PATHS)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,7 +1,8 @@
 """Run every CUDA path of the harness once, at small sizes, in each environment present.
 
     PYTHONPATH=src python3 scripts/gpu_check.py                 # on a GPU machine
-    PYTHONPATH=src python3 scripts/gpu_check.py --device cpu    # its CPU half (CI)
+    PYTHONPATH=src python3 scripts/gpu_check.py --device cpu    # its CPU half
+    PYTHONPATH=src python3 scripts/gpu_check.py --paths eager,cudagraphs   # some paths only
 
 Each path is one real cell (``python -m ptspeed cell``, its own process under the watchdog)
 in the host interpreter and in every venv of the default config already built in its
@@ -135,6 +136,20 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+def chosen_paths(slugs: str) -> tuple[CheckedPath, ...]:
+    """The paths named by comma-separated slugs and eager (the late numerics check compares
+    the others with it), in PATHS's order; all of them for ''."""
+    wanted = {name for name in slugs.split(",") if name}
+    known = [slug(path.name) for path in PATHS]
+    unknown = sorted(wanted.difference(known))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} unknown; the paths are {', '.join(known)}")
+    if not wanted:
+        return PATHS
+    wanted.add(slug(PATHS[0].name))
+    return tuple(path for path in PATHS if slug(path.name) in wanted)
+
+
 def torch_version(python: str) -> tuple[str, tuple[int, int], tuple[int, int]]:
     probe = "import sys, torch; print(torch.__version__, *sys.version_info[:2])"
     version, major, minor = subprocess.run(
@@ -229,16 +244,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-check")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
     parser.add_argument("--envs", default="", help="comma-separated subset of environments")
+    parser.add_argument(
+        "--paths",
+        default="",
+        help="comma-separated subset of paths, by slug (amp-bf16, cudagraphs, …), with eager",
+    )
     args = parser.parse_args(argv)
     found = interpreters(yaml.safe_load(args.config.read_text()))
     wanted = [name for name in args.envs.split(",") if name] or list(found)
+    try:
+        paths = chosen_paths(args.paths)
+    except ValueError as error:
+        print(f"error: paths: {error}")
+        return 2
     outcomes = []
     for env in wanted:
         if env not in found:
             print(f"error: envs: {env!r} is not built (present: {', '.join(found)})")
             return 2
         version, torch, python = torch_version(found[env])
-        for path in PATHS:
+        for path in paths:
             if args.device not in path.devices:
                 continue
             expected = expected_status(path, args.device, torch, python)
