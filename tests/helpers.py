@@ -456,6 +456,12 @@ def html_cells(rows: list[list[str]]) -> list[list[str]]:
 
 CROSS_VERSION_VARIABLE = "PTSPEED_CROSS_VERSION"
 
+# The tests that build (first time) or reuse the torch 1.13 and 2.0 venvs; CI switches them on.
+needs_older_environments = pytest.mark.skipif(
+    os.environ.get(CROSS_VERSION_VARIABLE) != "1",
+    reason=f"set {CROSS_VERSION_VARIABLE}=1 to build/use the torch 1.13 and 2.0 venvs",
+)
+
 
 def benchmark_python(env: str) -> str:
     """The python of environment ``env`` (torch-1.13, torch-2.0) as the workflow builds it:

@@ -4,13 +4,12 @@ implementation, prefetching, and what torch.compile did (graphs, breaks, recompi
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import CROSS_VERSION_VARIABLE, benchmark_python
+from helpers import benchmark_python, needs_older_environments
 from test_harness import DROPOUT_SPEC, assert_measured, assert_valid_json_record, tiny_cell
 from torch import nn
 from torch.nn import functional
@@ -345,10 +344,7 @@ OLDER_ENVIRONMENTS = [
 
 @pytest.mark.slow
 @pytest.mark.crossversion
-@pytest.mark.skipif(
-    os.environ.get(CROSS_VERSION_VARIABLE) != "1",
-    reason=f"set {CROSS_VERSION_VARIABLE}=1 to build/use the torch 1.13 and 2.0 venvs",
-)
+@needs_older_environments
 @pytest.mark.parametrize(
     ("env", "model", "knobs", "mode", "status", "fragment"), OLDER_ENVIRONMENTS
 )

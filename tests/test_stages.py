@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers import benchmark_python, needs_older_environments
 
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import placement_of
@@ -297,12 +297,9 @@ def test_a_two_stage_pipeline_infers_like_eager(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.crossversion
-@pytest.mark.skipif(
-    not os.environ.get("PTSPEED_TORCH_1_13_PYTHON"),
-    reason="set PTSPEED_TORCH_1_13_PYTHON to a torch 1.13 venv's python",
-)
+@needs_older_environments
 def test_a_pipeline_under_torch_1_13(tmp_path: Path) -> None:
     spec = cell("pipeline=2+chunks=2", model="gpt2-tiny")
-    record = run_job(spec, tmp_path, python=os.environ["PTSPEED_TORCH_1_13_PYTHON"])
+    record = run_job(spec, tmp_path, python=benchmark_python("torch-1.13"))
     assert record.provenance.torch.startswith("1.13.1")
     assert_staged(record, spec)

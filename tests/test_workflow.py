@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import re
 import subprocess
 from collections import Counter
@@ -25,6 +24,7 @@ from helpers import (
     ROOT,
     TINY_STEPS,
     job_counts,
+    needs_older_environments,
     ok,
     planned_outputs,
     snakemake,
@@ -301,10 +301,7 @@ def test_snakefmt_is_clean() -> None:
 
 @pytest.mark.slow
 @pytest.mark.crossversion
-@pytest.mark.skipif(
-    os.environ.get("PTSPEED_CROSS_VERSION") != "1",
-    reason="set PTSPEED_CROSS_VERSION=1 to build/use the torch 1.13 and 2.0 venvs",
-)
+@needs_older_environments
 @pytest.mark.timeout(CROSS_VERSION_TIMEOUT_S + 300)
 def test_cross_version_upgrade(tmp_path: Path) -> None:
     config = {
