@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from helpers import TIER_VARIABLE, fast_tier
+from helpers import CROSS_VERSION_VARIABLE, TIER_VARIABLE, fast_tier
 
 # Hypothesis' 200 ms deadline fails healthy tests on a loaded 2-core machine; examples are
 # bounded by the per-test timeout instead, and derandomised so that a failure repeats.
@@ -73,10 +73,20 @@ def _file_place(markers: set[str]) -> int:
     return next((place for names, place in FILE_PLACES if markers & names), QUICK_FILES_PLACE)
 
 
+# The crossversion tests build (the first time) or reuse the torch 1.13 and 2.0 venvs: minutes
+# and gigabytes, so they run where asked for (CI asks).
+OLDER_ENVIRONMENTS_SKIP = pytest.mark.skip(
+    reason=f"set {CROSS_VERSION_VARIABLE}=1 to build/use the torch 1.13 and 2.0 venvs"
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     markers: dict[Path, set[str]] = {}
+    older_environments = os.environ.get(CROSS_VERSION_VARIABLE) == "1"
     for item in items:
         markers.setdefault(item.path, set()).update(m.name for m in item.iter_markers())
+        if item.get_closest_marker("crossversion") and not older_environments:
+            item.add_marker(OLDER_ENVIRONMENTS_SKIP)
     items.sort(key=lambda item: _file_place(markers[item.path]))  # stable: a file keeps its order
 
 

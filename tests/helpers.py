@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 from collections import Counter
@@ -22,12 +24,16 @@ from typing import Any
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 from jsonschema import Draft202012Validator
+from torch import nn
+from torch.nn import functional
 
 from ptspeed.cell.record import CellSpec, Metrics, NumericsCheck, Provenance, Record, write_record
 from ptspeed.cell.schema import json_schema
 from ptspeed.envs.venvs import build_venv, venv_python
+from ptspeed.models import Batch, ModelSpec, Sizes
 from ptspeed.render.formatting import (
     format_int,
     format_published,
@@ -456,12 +462,6 @@ def html_cells(rows: list[list[str]]) -> list[list[str]]:
 
 CROSS_VERSION_VARIABLE = "PTSPEED_CROSS_VERSION"
 
-# The tests that build (first time) or reuse the torch 1.13 and 2.0 venvs; CI switches them on.
-needs_older_environments = pytest.mark.skipif(
-    os.environ.get(CROSS_VERSION_VARIABLE) != "1",
-    reason=f"set {CROSS_VERSION_VARIABLE}=1 to build/use the torch 1.13 and 2.0 venvs",
-)
-
 
 def benchmark_python(env: str) -> str:
     """The python of environment ``env`` (torch-1.13, torch-2.0) as the workflow builds it:
@@ -532,3 +532,105 @@ def fill(directory: Path) -> None:
                 filler.write(b"\0" * 4096)
         except OSError as error:
             assert error.errno == errno.ENOSPC, error
+
+
+# --- tiny benchmark cells (the harness tests and those that reuse its cells) ---
+
+# Sizes per model; the three slowest on a CPU measure one step instead of two.
+TINY_FIELDS: dict[str, dict[str, int]] = {
+    "mlp": {},
+    "lstm-lm": {"seq_len": 8},
+    "resnet50": {"image_size": 32},
+    "mask-rcnn": {"image_size": 64, "measured_steps": 1},
+    "bert-base": {"seq_len": 8, "measured_steps": 1},
+    "gpt2": {"seq_len": 8, "measured_steps": 1},
+    "bert-tiny": {"seq_len": 8},
+    "gpt2-tiny": {"seq_len": 8},
+}
+
+
+def tiny_cell(model: str, knobs: str = "eager", mode: str = "train", **fields: Any) -> CellSpec:
+    """A cell small enough for a 2-core CPU: batch 2, one warm-up step, one or two measured."""
+    settings: dict[str, Any] = {
+        "batch_size": 2,
+        "warmup_steps": 1,
+        "measured_steps": 2,
+        "numerics_steps": 1,
+        "device": "cpu",
+        **TINY_FIELDS[model],
+        **fields,
+    }
+    return CellSpec(model=model, variant=knobs, knobs=knobs, mode=mode, **settings)
+
+
+def assert_valid_json_record(record: Record, tmp_path: Path) -> dict[str, Any]:
+    """Write the record as the worker does and validate the file against the schema."""
+    write_record(record, tmp_path / "cell.json")
+    data = json.loads((tmp_path / "cell.json").read_text(encoding="utf-8"))
+    Draft202012Validator(json_schema()).validate(data)
+    return data
+
+
+def assert_measured(record: Record, spec: CellSpec) -> None:
+    metrics = record.metrics
+    assert record.status == "ok", record.reason
+    assert record.reason == ""
+    assert metrics.throughput_samples_per_s > 0
+    assert len(metrics.step_times_s) == spec.measured_steps
+    assert all(t > 0 for t in metrics.step_times_s)
+    assert metrics.first_step_s > 0
+    assert metrics.warmup_s >= metrics.first_step_s
+    assert metrics.peak_memory_bytes > 0
+    assert metrics.memory_kind == "process_peak_rss"
+    if spec.mode == "train":
+        assert math.isfinite(metrics.loss_first)
+        assert math.isfinite(metrics.loss_last)
+    else:
+        assert metrics.loss_first is None and metrics.loss_last is None
+
+
+class DropoutNet(nn.Module):
+    """A model whose steps draw random numbers, like BERT and GPT-2 in train mode."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(16, 64)
+        self.out = nn.Linear(64, 4)
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(functional.dropout(torch.relu(self.hidden(x)), self.p, self.training))
+
+
+def dropout_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
+    return {
+        "x": torch.randn(sizes.batch_size, 16, generator=generator),
+        "y": torch.randint(0, 4, (sizes.batch_size,), generator=generator),
+    }
+
+
+DROPOUT_SPEC = ModelSpec(
+    name="mlp",
+    description="dropout MLP (test only)",
+    build=lambda sizes: DropoutNet(),
+    make_batch=dropout_batch,
+    loss=lambda model, batch: functional.cross_entropy(model(batch["x"]), batch["y"]),
+    infer=lambda model, batch: model(batch["x"]),
+)
+
+
+# --- container images (the podman build and the Apptainer run) ---
+
+# The Python 3.10 base that .ci/podman.sh builds from debootstrap.
+CI_BASE_IMAGE = os.environ.get(
+    "PTSPEED_CI_PYTHON_BASE_IMAGE", "localhost/ptspeed/debian-python3.10:bookworm"
+)
+
+
+def host_ca_bundle() -> str:
+    """The CA bundle this machine's OpenSSL trusts (SSL_CERT_FILE first), for TLS in the build."""
+    paths = ssl.get_default_verify_paths()
+    for candidate in (os.environ.get(paths.openssl_cafile_env), paths.cafile):
+        if candidate and Path(candidate).is_file():
+            return str(Path(candidate).resolve())
+    return ""

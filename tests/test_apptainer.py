@@ -25,10 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import small_disk
-from test_containers import CI_BASE_IMAGE as CI_PYTHON_BASE
-from test_containers import host_ca_bundle
-from test_workflow import ROOT, snakemake, write_config
+from helpers import CI_BASE_IMAGE, ROOT, host_ca_bundle, small_disk, snakemake, write_config
 
 from ptspeed.envs.apptainer import (
     CELL_PYTHON,
@@ -230,7 +227,7 @@ def reduced_matrix(directory: Path) -> dict[str, Any]:
     """The default matrix: mlp on the CPU, eager and compile, torch-1.13 and torch-2.0 on the
     CI's stand-in base (Debian 12 and CPython 3.10: .ci/podman.sh), 3 trials."""
     environments = {
-        env: {**DEFAULT_CONFIG["environments"][env], "base_image": CI_PYTHON_BASE}
+        env: {**DEFAULT_CONFIG["environments"][env], "base_image": CI_BASE_IMAGE}
         for env in ENVIRONMENTS
     }
     return {
@@ -248,8 +245,8 @@ def reduced_matrix(directory: Path) -> dict[str, Any]:
 def apptainer_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     if os.environ.get("PTSPEED_APPTAINER_RUN") != "1":
         pytest.skip("builds two 5 GB images (minutes): PTSPEED_APPTAINER_RUN=1 after .ci/podman.sh")
-    exists = subprocess.run(["podman", "image", "exists", CI_PYTHON_BASE], check=False)
-    assert exists.returncode == 0, f"{CI_PYTHON_BASE} is missing: run .ci/podman.sh"
+    exists = subprocess.run(["podman", "image", "exists", CI_BASE_IMAGE], check=False)
+    assert exists.returncode == 0, f"{CI_BASE_IMAGE} is missing: run .ci/podman.sh"
     directory = tmp_path_factory.mktemp("apptainer")
     config = write_config(directory, reduced_matrix(directory))
     started = time.monotonic()
@@ -378,7 +375,7 @@ def test_a_shared_image_dir_serves_a_second_checkout_without_building(tmp_path: 
     copied, the sif linked, and neither an engine nor Apptainer runs (none is on PATH)."""
     shared, results = tmp_path / "shared", tmp_path / "results"
     shared.mkdir()
-    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", CI_PYTHON_BASE)
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", CI_BASE_IMAGE)
     stem = f"{shared}/torch-2.0-{image_key(spec, ROOT)}"
     manifest = ImageManifest("torch-2.0", "localhost/ptspeed/torch-2.0:latest", DIGEST, DIGEST,
                              "podman", "build")  # fmt: skip
@@ -386,7 +383,7 @@ def test_a_shared_image_dir_serves_a_second_checkout_without_building(tmp_path: 
     Path(f"{stem}.sif").write_text("an image\n")
     Path(f"{stem}.sif.digest").write_text(f"{DIGEST}\n")
     recipe = ["--requirements", "envs/torch-2.0.txt", "--python", "3.10",
-              "--base-image", CI_PYTHON_BASE, "--image-dir", str(shared)]  # fmt: skip
+              "--base-image", CI_BASE_IMAGE, "--image-dir", str(shared)]  # fmt: skip
     bare = {**os.environ, "PATH": bare_path(tmp_path / "bin")}
 
     def image_py(*args: str) -> None:
@@ -576,14 +573,14 @@ def test_cuda_cells_get_nv_and_a_shared_image_dir_spares_the_build(tmp_path: Pat
     shared image directory that holds the environment's image spares the build: the sif is a
     link to it. The shared "image" is the CI base itself, without torch: the cell's own result
     does not matter here."""
-    if subprocess.run(["podman", "image", "exists", CI_PYTHON_BASE], check=False).returncode:
-        pytest.skip(f"needs podman and {CI_PYTHON_BASE} (.ci/podman.sh)")
+    if subprocess.run(["podman", "image", "exists", CI_BASE_IMAGE], check=False).returncode:
+        pytest.skip(f"needs podman and {CI_BASE_IMAGE} (.ci/podman.sh)")
     shared = tmp_path / "shared"
-    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", CI_PYTHON_BASE)
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", CI_BASE_IMAGE)
     stem = f"{shared}/torch-2.0-{image_key(spec, ROOT)}"
-    build = [str(EMULATOR), "build", f"{stem}.sif", f"docker-daemon:{CI_PYTHON_BASE}"]
+    build = [str(EMULATOR), "build", f"{stem}.sif", f"docker-daemon:{CI_BASE_IMAGE}"]
     subprocess.run(build, check=True, capture_output=True, env=with_emulator())
-    manifest = inspect_image("podman", "torch-2.0", CI_PYTHON_BASE, "build")
+    manifest = inspect_image("podman", "torch-2.0", CI_BASE_IMAGE, "build")
     manifest.write(Path(f"{stem}.json"))
     Path(f"{stem}.sif.digest").write_text(f"{manifest.digest}\n")
     config = {

@@ -9,8 +9,13 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import benchmark_python, needs_older_environments
-from test_harness import DROPOUT_SPEC, assert_measured, assert_valid_json_record, tiny_cell
+from helpers import (
+    DROPOUT_SPEC,
+    assert_measured,
+    assert_valid_json_record,
+    benchmark_python,
+    tiny_cell,
+)
 from torch import nn
 from torch.nn import functional
 from transformers.utils import is_torch_sdpa_available
@@ -344,7 +349,6 @@ OLDER_ENVIRONMENTS = [
 
 @pytest.mark.slow
 @pytest.mark.crossversion
-@needs_older_environments
 @pytest.mark.parametrize(
     ("env", "model", "knobs", "mode", "status", "fragment"), OLDER_ENVIRONMENTS
 )

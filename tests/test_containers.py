@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import ssl
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import BIN, PLAN_TIMEOUT_S, ROOT, write_config
+from helpers import BIN, CI_BASE_IMAGE, PLAN_TIMEOUT_S, ROOT, host_ca_bundle, write_config
 from helpers import snakemake as run_snakemake
 
 from ptspeed.cell import provenance
@@ -51,9 +50,6 @@ MANIFEST = ImageManifest(
 )
 # .ci/podman.sh's stand-in for the CUDA base: Debian 12 with CPython 3.10, as the CUDA base's
 # Ubuntu 22.04 has (tests/test_apptainer.py builds on it too, so the layers are shared).
-CI_BASE_IMAGE = os.environ.get(
-    "PTSPEED_CI_PYTHON_BASE_IMAGE", "localhost/ptspeed/debian-python3.10:bookworm"
-)
 CI_IMAGE = "localhost/ptspeed/torch-2.0:ci"
 RECORD = "records/torch-2.0/mlp/eager/train/b8/trial0.json"
 
@@ -427,15 +423,6 @@ def test_apptainer_makes_the_sif_of_a_pinned_registry_image(tmp_path: Path) -> N
 
 
 # --- the real thing: podman builds the image, one cell runs in it -----------------------------
-
-
-def host_ca_bundle() -> str:
-    """The CA bundle this machine's OpenSSL trusts (SSL_CERT_FILE first), for TLS in the build."""
-    paths = ssl.get_default_verify_paths()
-    for candidate in (os.environ.get(paths.openssl_cafile_env), paths.cafile):
-        if candidate and Path(candidate).is_file():
-            return str(Path(candidate).resolve())
-    return ""
 
 
 @pytest.mark.container

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import benchmark_python, needs_older_environments, with_sources
+from helpers import benchmark_python, with_sources
 
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import Rank
@@ -444,7 +444,6 @@ def test_ranks_die_with_a_killed_watchdog(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.crossversion
-@needs_older_environments
 def test_ddp_with_two_processes_under_torch_1_13(tmp_path: Path) -> None:
     spec = cell("ddp")
     record, _ = run_job(spec, tmp_path, python=benchmark_python("torch-1.13"))

@@ -4,76 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from helpers import by_cost, is_heavy, knob_cases
-from jsonschema import Draft202012Validator
-from torch import nn
-from torch.nn import functional
+from helpers import (
+    DROPOUT_SPEC,
+    DropoutNet,
+    assert_measured,
+    assert_valid_json_record,
+    by_cost,
+    is_heavy,
+    knob_cases,
+    tiny_cell,
+)
 
 from ptspeed.cell.harness import GATE_IN_FIRST_TRIAL, run_cell
-from ptspeed.cell.record import CellSpec, Record, write_record
-from ptspeed.cell.schema import json_schema
-from ptspeed.models import REGISTRY, Batch, ModelSpec, Sizes
+from ptspeed.cell.record import Record
+from ptspeed.models import REGISTRY
 
-# Sizes per model; the three slowest on a CPU measure one step instead of two.
-TINY_FIELDS: dict[str, dict[str, int]] = {
-    "mlp": {},
-    "lstm-lm": {"seq_len": 8},
-    "resnet50": {"image_size": 32},
-    "mask-rcnn": {"image_size": 64, "measured_steps": 1},
-    "bert-base": {"seq_len": 8, "measured_steps": 1},
-    "gpt2": {"seq_len": 8, "measured_steps": 1},
-    "bert-tiny": {"seq_len": 8},
-    "gpt2-tiny": {"seq_len": 8},
-}
 HAS_FLOP_COUNTER = importlib.util.find_spec("torch.utils.flop_counter") is not None
-
-
-def tiny_cell(model: str, knobs: str = "eager", mode: str = "train", **fields: Any) -> CellSpec:
-    """A cell small enough for a 2-core CPU: batch 2, one warm-up step, one or two measured."""
-    settings: dict[str, Any] = {
-        "batch_size": 2,
-        "warmup_steps": 1,
-        "measured_steps": 2,
-        "numerics_steps": 1,
-        "device": "cpu",
-        **TINY_FIELDS[model],
-        **fields,
-    }
-    return CellSpec(model=model, variant=knobs, knobs=knobs, mode=mode, **settings)
-
-
-def assert_valid_json_record(record: Record, tmp_path: Path) -> dict[str, Any]:
-    """Write the record as the worker does and validate the file against the schema."""
-    write_record(record, tmp_path / "cell.json")
-    data = json.loads((tmp_path / "cell.json").read_text(encoding="utf-8"))
-    Draft202012Validator(json_schema()).validate(data)
-    return data
-
-
-def assert_measured(record: Record, spec: CellSpec) -> None:
-    metrics = record.metrics
-    assert record.status == "ok", record.reason
-    assert record.reason == ""
-    assert metrics.throughput_samples_per_s > 0
-    assert len(metrics.step_times_s) == spec.measured_steps
-    assert all(t > 0 for t in metrics.step_times_s)
-    assert metrics.first_step_s > 0
-    assert metrics.warmup_s >= metrics.first_step_s
-    assert metrics.peak_memory_bytes > 0
-    assert metrics.memory_kind == "process_peak_rss"
-    if spec.mode == "train":
-        assert math.isfinite(metrics.loss_first)
-        assert math.isfinite(metrics.loss_last)
-    else:
-        assert metrics.loss_first is None and metrics.loss_last is None
 
 
 @pytest.mark.slow
@@ -248,36 +200,6 @@ def test_a_later_trial_leaves_the_gate_to_the_first_and_runs_the_same_steps() ->
     assert later.numerics.reason == GATE_IN_FIRST_TRIAL
     assert later.metrics.warmup_steps_run == first.metrics.warmup_steps_run == 2
     assert later.metrics.loss_last == first.metrics.loss_last
-
-
-class DropoutNet(nn.Module):
-    """A model whose steps draw random numbers, like BERT and GPT-2 in train mode."""
-
-    def __init__(self, p: float = 0.5) -> None:
-        super().__init__()
-        self.hidden = nn.Linear(16, 64)
-        self.out = nn.Linear(64, 4)
-        self.p = p
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(functional.dropout(torch.relu(self.hidden(x)), self.p, self.training))
-
-
-def _dropout_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
-    return {
-        "x": torch.randn(sizes.batch_size, 16, generator=generator),
-        "y": torch.randint(0, 4, (sizes.batch_size,), generator=generator),
-    }
-
-
-DROPOUT_SPEC = ModelSpec(
-    name="mlp",
-    description="dropout MLP (test only)",
-    build=lambda sizes: DropoutNet(),
-    make_batch=_dropout_batch,
-    loss=lambda model, batch: functional.cross_entropy(model(batch["x"]), batch["y"]),
-    infer=lambda model, batch: model(batch["x"]),
-)
 
 
 @pytest.mark.slow

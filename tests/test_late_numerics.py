@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from test_aggregate import make_record
+from helpers import make_record
 
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.columns import read_table

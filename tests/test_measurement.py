@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_harness import tiny_cell
+from helpers import tiny_cell
 
 from ptspeed.cell import device, harness, numerics, provenance, reference, warmup
 from ptspeed.cell.device import resolve_device, use_compiler_cache

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import benchmark_python, needs_older_environments
+from helpers import benchmark_python, tiny_cell
 
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import placement_of
@@ -30,19 +30,15 @@ TINY = {"image_size": 32, "seq_len": 8}
 
 
 def cell(knobs: str, model: str = "mlp", mode: str = "train", **fields: Any) -> CellSpec:
-    """A tiny cell on the CPU: 1 thread per process, one warm-up and two measured steps."""
+    """The harness tests' tiny cell at batch 4, with 1 thread per process."""
     settings: dict[str, Any] = {
         "batch_size": 4,
-        "warmup_steps": 1,
-        "measured_steps": 2,
-        "numerics_steps": 1,
-        "device": "cpu",
         "threads": parse_knobs(knobs).world_size,
         "timeout_s": CELL_TIMEOUT_S,
         **TINY,
         **fields,
     }
-    return CellSpec(model=model, variant=knobs, knobs=knobs, mode=mode, **settings)
+    return tiny_cell(model, knobs, mode, **settings)
 
 
 # --- knobs ------------------------------------------------------------------------------------
@@ -297,7 +293,6 @@ def test_a_two_stage_pipeline_infers_like_eager(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.crossversion
-@needs_older_environments
 def test_a_pipeline_under_torch_1_13(tmp_path: Path) -> None:
     spec = cell("pipeline=2+chunks=2", model="gpt2-tiny")
     record = run_job(spec, tmp_path, python=benchmark_python("torch-1.13"))

@@ -24,7 +24,6 @@ from helpers import (
     ROOT,
     TINY_STEPS,
     job_counts,
-    needs_older_environments,
     ok,
     planned_outputs,
     snakemake,
@@ -301,7 +300,6 @@ def test_snakefmt_is_clean() -> None:
 
 @pytest.mark.slow
 @pytest.mark.crossversion
-@needs_older_environments
 @pytest.mark.timeout(CROSS_VERSION_TIMEOUT_S + 300)
 def test_cross_version_upgrade(tmp_path: Path) -> None:
     config = {
