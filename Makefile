@@ -10,7 +10,7 @@ HOST_TORCH := torch==2.14.1 torchvision==0.29.1 transformers==4.46.3
 
 # Container recipes and the shell scripts they run (make lint checks them).
 RECIPES := $(wildcard docker/*Dockerfile*)
-SHELL_SCRIPTS := docker/install.sh .ci/podman.sh .ci/slurm.sh .ci/run
+SHELL_SCRIPTS := docker/install.sh .ci/packages.sh .ci/podman.sh .ci/slurm.sh .ci/run
 
 # make gpu-check: every CUDA path once (DEVICE=cpu: its CPU half; ENVS=host,torch-2.0: a subset of
 # the environments present; PATHS=eager,cudagraphs: a subset of the paths). It runs from a plain

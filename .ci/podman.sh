@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Podman for the container test (tests/test_containers.py, run when PTSPEED_CONTAINER_BUILD=1):
-#   1. Debian's podman, buildah, debootstrap and what runc needs (and nix-bin);
+#   1. Debian's podman, buildah, debootstrap and what runc needs (and nix-bin for
+#      `nix-instantiate --parse`, docker-registry for a registry of the tests' own), by packages.sh;
 #   2. /etc/containers/containers.conf for a machine without systemd (runc, cgroupfs, file
 #      events, explicit ulimits: podman's defaults ask for more open files than the host allows);
 #   3. a minimal Debian bookworm base image made with debootstrap. No Docker Hub here, so it
@@ -22,10 +23,6 @@ PYTHON_RUNTIME_PACKAGES=(libssl3 libffi8 libsqlite3-0 libbz2-1.0 liblzma5 zlib1g
     libncursesw6 libuuid1 libgdbm6 libexpat1 libtirpc3 libcrypt1)
 MIRROR=${PTSPEED_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CONF=/etc/containers/containers.conf
-# nix-bin is not for podman: it gives tests/test_containers.py `nix-instantiate --parse`;
-# docker-registry gives tests/test_apptainer.py a registry of its own to push to and pull from.
-PACKAGES=(podman buildah debootstrap runc conmon fuse-overlayfs slirp4netns uidmap
-    containernetworking-plugins catatonit nix-bin docker-registry)
 
 log() { printf 'podman.sh: %s\n' "$*" >&2; }
 
@@ -39,18 +36,7 @@ capped() {
 }
 
 install_packages() {
-    local missing=() package
-    for package in "${PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" \
-            || missing+=("$package")
-    done
-    if ((${#missing[@]} == 0)); then
-        return
-    fi
-    log "installing ${missing[*]}"
-    timeout 5m apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive timeout 10m \
-        apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    bash "$(dirname "${BASH_SOURCE[0]}")/packages.sh" podman
 }
 
 write_containers_conf() {

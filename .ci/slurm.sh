@@ -17,15 +17,7 @@ say() { echo "slurm.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
 
 install_packages() {
-    local missing=()
-    command -v slurmctld >/dev/null || missing+=(slurmctld)
-    command -v slurmd >/dev/null || missing+=(slurmd)
-    command -v sbatch >/dev/null || missing+=(slurm-client)
-    command -v munged >/dev/null || missing+=(munge)
-    [ ${#missing[@]} -eq 0 ] && return
-    say "installing ${missing[*]}"
-    timeout 10m bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends ${missing[*]}" >/dev/null
+    bash "$(dirname "${BASH_SOURCE[0]}")/packages.sh" slurm
 }
 
 real_memory_mb() {
