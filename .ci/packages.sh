@@ -28,7 +28,8 @@ installed() {
 
 if [[ ${1:-} == --list ]]; then
     for group in "${!GROUPS_PACKAGES[@]}"; do
-        printf '%s\n' ${GROUPS_PACKAGES[$group]}
+        read -r -a packages <<<"${GROUPS_PACKAGES[$group]//$'\n'/ }"
+        printf '%s\n' "${packages[@]}"
     done | sort
     exit 0
 fi
@@ -41,7 +42,8 @@ for group in "${groups[@]}"; do
         log "unknown group $group; the groups are ${!GROUPS_PACKAGES[*]}"
         exit 2
     }
-    for package in ${GROUPS_PACKAGES[$group]}; do
+    read -r -a packages <<<"${GROUPS_PACKAGES[$group]//$'\n'/ }"
+    for package in "${packages[@]}"; do
         installed "$package" || missing+=("$package")
     done
 done
