@@ -176,14 +176,17 @@ def with_sources() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def ptspeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m ptspeed ARGS`` as a user would, with this checkout's sources."""
+def ptspeed(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ptspeed ARGS`` as a user would, with this checkout's sources (and the
+    variables of ``env`` added to this process's environment)."""
     return subprocess.run(
         [sys.executable, "-m", "ptspeed", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=with_sources(),
+        env={**with_sources(), **(env or {})},
         check=False,
     )
 

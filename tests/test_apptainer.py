@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,12 +33,17 @@ from ptspeed.envs.apptainer import (
     CELL_PYTHON,
     NO_BUILDER,
     SifPlan,
+    cell_apptainer_args,
     check_driver,
     check_room_for_sif,
     image_key,
+    outside,
     plan_sif,
     sif_commands,
     sif_digest,
+)
+from ptspeed.envs.apptainer import (
+    DEFINITION as DEFINITION_FILE,
 )
 from ptspeed.envs.containers import (
     BuildSpec,
@@ -44,6 +51,7 @@ from ptspeed.envs.containers import (
     digest_of,
     inspect_image,
     push_image,
+    without_tag,
 )
 from ptspeed.errors import ConfigError, ContainerError
 
@@ -618,3 +626,199 @@ def test_a_node_driver_older_than_the_cuda_base_stops_the_run(tmp_path: Path) ->
     assert done.returncode == 1, done.stdout[-3000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("config:")]
     assert "CUDA 11.8" in line and ">= 520.61.05" in line and "driver is 470.82.01" in line
+
+
+# --- what real Apptainer does that the emulator once did not -------------------------------
+
+
+def definition_sections() -> dict[str, str]:
+    sections: dict[str, str] = {}
+    current = None
+    for line in (ROOT / DEFINITION_FILE).read_text().splitlines():
+        if line.startswith("%"):
+            current = line[1:].split()[0]
+            sections[current] = ""
+        elif current:
+            sections[current] += line + "\n"
+    return sections
+
+
+def bootstrap_command(tmp_path: Path, base_image: str = "") -> list[str]:
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", base_image,
+                     ca_bundle=tmp_path / "ca.crt", uv_cache=tmp_path / "uv")  # fmt: skip
+    (command,) = sif_commands(SifPlan("definition"), tmp_path / "x.sif", spec, ROOT)
+    return command
+
+
+def test_the_definitions_setup_makes_every_build_binds_destination(tmp_path: Path) -> None:
+    """%post runs under `exec --writable`: a bind to a path the CUDA base lacks is fatal."""
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    setup = definition_sections().get("setup", "")
+    subprocess.run(["sh", "-e", "-c", setup], env={**os.environ, "APPTAINER_ROOTFS": str(rootfs)},
+                   check=True)  # fmt: skip
+    command = bootstrap_command(tmp_path)
+    destinations = [command[i + 1].split(":")[1] for i, a in enumerate(command) if a == "--bind"]
+    assert len(destinations) == 2
+    for destination in destinations:
+        assert (rootfs / destination.lstrip("/")).exists(), destination
+    assert not any((rootfs / "var/cache/uv").iterdir())  # the cache's content stays outside
+
+
+def test_the_definition_takes_its_base_by_digest_alone_and_every_argument_it_is_given() -> None:
+    """Apptainer 1.3 refuses name:tag@digest; every Apptainer refuses an unused --build-arg."""
+    text = (ROOT / DEFINITION_FILE).read_text()
+    used = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", text))
+    for base in ("", "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04@" + DIGEST):
+        command = bootstrap_command(Path("/tmp"), base)
+        given = dict(command[i + 1].split("=", 1) for i, a in enumerate(command)
+                     if a == "--build-arg")  # fmt: skip
+        assert set(given) <= used, set(given) - used
+        if base:
+            assert given["BASE_IMAGE"] == "nvidia/cuda@" + DIGEST
+            assert given["BASE_IMAGE_TAG"] == "12.8.1-cudnn-runtime-ubuntu22.04"
+    default = re.search(r"^\s*BASE_IMAGE=(\S+)$", text, re.M).group(1)
+    assert without_tag(default) == (default, "")
+    (pull,) = sif_commands(SifPlan("registry"), Path("x.sif"), None, ROOT,
+                           reference=f"docker://r:5000/x:v1@{DIGEST}")  # fmt: skip
+    assert pull[-1] == f"docker://r:5000/x@{DIGEST}"
+
+
+def test_cell_apptainer_args_bind_what_the_working_directory_does_not_hold(tmp_path: Path) -> None:
+    """Snakemake binds the working directory (as home): results on scratch, or reached through a
+    link, and sources elsewhere are bound; what is inside is not; twice is once."""
+    workdir, scratch = tmp_path / "work", tmp_path / "scratch"
+    (workdir / "inside").mkdir(parents=True)
+    scratch.mkdir()
+    (workdir / "results").symlink_to(scratch)
+    binds = outside(workdir, [Path("results"), Path("inside"), scratch, tmp_path / "src"])
+    assert binds == [scratch.resolve(), (tmp_path / "src").resolve()]
+    once = cell_apptainer_args("--nv", "cuda", binds, environ={})
+    assert shlex.split(once) == ["--nv", "--bind", str(binds[0]), "--bind", str(binds[1])]
+    assert cell_apptainer_args(once, "cuda", binds, environ={}) == once
+    assert cell_apptainer_args("", "cpu", [], environ={}) == ""
+
+
+@pytest.mark.parametrize(
+    ("given", "environ", "named"),
+    [
+        ("--contain", {}, "apptainer-args: --contain gives every cell its own /tmp"),
+        ("--nv -C", {}, "apptainer-args: -C gives every cell its own /tmp (64 MiB), where the"),
+        ("--cleanenv", {}, "apptainer-args: --cleanenv drops CUDA_VISIBLE_DEVICES"),
+        ("", {"APPTAINER_CONTAINALL": "1"}, "APPTAINER_CONTAINALL (= --containall) gives"),
+    ],
+)
+def test_options_that_isolate_the_cells_are_refused_in_one_line(
+    given: str, environ: dict[str, str], named: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        cell_apptainer_args(given, "cuda", [], environ=environ)
+    assert str(error.value).startswith(named) and "\n" not in str(error.value)
+    assert "drop it" in str(error.value)
+
+
+@pytest.mark.workflow
+def test_a_run_with_contain_stops_before_any_job(tmp_path: Path) -> None:
+    done = snakemake("-n", "--use-singularity", "--apptainer-args=--contain", env=with_emulator())
+    assert done.returncode == 1, done.stdout[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("config:")]
+    assert "--contain gives every cell its own /tmp" in line
+
+
+def emulator(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(EMULATOR), *args], capture_output=True, text=True, check=False,
+                          env={**with_emulator(), **variables})  # fmt: skip
+
+
+BIND_DEFINITION = """\
+Bootstrap: docker
+From: {{ BASE }}
+
+%arguments
+    BASE=localhost/ptspeed/debian-base:bookworm
+
+%post
+    touch /var/cache/uv/written-in-post
+"""
+
+
+@pytest.mark.container
+def test_emulator_builds_as_apptainer_does(tmp_path: Path) -> None:
+    """A build bind to a destination the base lacks fails until %setup makes it; the cache's
+    content stays outside the image; a tag with a digest and an unused --build-arg fail."""
+    need_debian_base()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    definition = tmp_path / "bind.def"
+    definition.write_text(BIND_DEFINITION)
+    build = ["build", "--force", "--bind", f"{cache}:/var/cache/uv", str(tmp_path / "x.sif"),
+             str(definition)]  # fmt: skip
+    missing = emulator(*build)
+    assert missing.returncode == 255
+    assert "destination /var/cache/uv doesn't exist in container" in missing.stderr
+    setup = '\n%setup\n    mkdir -p "${APPTAINER_ROOTFS}/var/cache/uv"\n'
+    definition.write_text(BIND_DEFINITION + setup)
+    made = emulator(*build)
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert (cache / "written-in-post").is_file()
+    inside = image_exec(tmp_path / "x.sif", "ls", "-A", "/var/cache/uv")
+    assert inside.returncode == 0 and inside.stdout == ""
+    tagged = BIND_DEFINITION.replace("debian-base:bookworm", f"debian-base:bookworm@{DIGEST}")
+    definition.write_text(tagged)
+    refused = emulator(*build)
+    assert "both a tag and digest are currently not supported" in refused.stderr
+    definition.write_text(BIND_DEFINITION + setup)
+    unused = emulator("build", "--build-arg", "UNUSED=1", str(tmp_path / "y.sif"), str(definition))
+    assert unused.returncode == 255 and "unused build args: UNUSED." in unused.stderr
+
+
+@pytest.fixture(scope="module")
+def image_with_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sif of the debian base with a Docker ENV, through a link (as containers.image_dir)."""
+    need_debian_base()
+    directory = tmp_path_factory.mktemp("env-image")
+    (directory / "Containerfile").write_text(f"FROM {DEBIAN_BASE}\nENV GREETING=from-image\n")
+    iid = directory / "iid"
+    subprocess.run(["podman", "build", "--iidfile", str(iid), str(directory)], check=True,
+                   capture_output=True)  # fmt: skip
+    real = directory / "shared" / "x.sif"
+    made = emulator("build", str(real), f"docker-daemon:{iid.read_text().strip()}")
+    assert made.returncode == 0, made.stderr
+    (directory / "x.sif").symlink_to(real)
+    return directory / "x.sif"
+
+
+@pytest.mark.container
+def test_emulator_runs_as_apptainer_does(image_with_env: Path, tmp_path: Path) -> None:
+    """The image's ENV wins over the host's; APPTAINER_CONTAINER is the path as given; --contain
+    hides the host's /tmp and --containall the GPU choice; --no-mount tmp with results outside
+    the working directory needs their bind."""
+    sif = str(image_with_env)
+    show = 'echo "$GREETING|$APPTAINER_CONTAINER|${CUDA_VISIBLE_DEVICES-unset}"'
+    shown = emulator("exec", sif, "sh", "-c", show, GREETING="host", CUDA_VISIBLE_DEVICES="1")
+    assert shown.stdout.strip() == f"from-image|{sif}|1", shown.stderr
+    forced = emulator("exec", sif, "sh", "-c", show, APPTAINERENV_GREETING="forced")
+    assert forced.stdout.split("|")[0] == "forced"
+    with tempfile.NamedTemporaryFile(dir="/tmp") as host_file:
+        probe = ["sh", "-c", f"test -e {host_file.name} && echo seen || echo private"]
+        assert emulator("exec", sif, *probe).stdout.strip() == "seen"
+        assert emulator("exec", "--contain", sif, *probe).stdout.strip() == "private"
+        contained = emulator("exec", sif, *probe, APPTAINER_CONTAIN="1")
+        assert contained.stdout.strip() == "private"
+    clean = emulator("exec", "--containall", sif, "sh", "-c", show, CUDA_VISIBLE_DEVICES="1")
+    assert clean.stdout.strip().endswith("|unset")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "record.json").write_text("{}")
+    read = ["cat", str(results / "record.json")]
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    home = ["--home", str(workdir), "--no-mount", "tmp"]
+    hidden = subprocess.run([str(EMULATOR), "exec", *home, sif, *read], capture_output=True,
+                            text=True, cwd=workdir, env=with_emulator(), check=False)  # fmt: skip
+    assert hidden.returncode != 0, "results outside every bind must not be seen"
+    binds = shlex.split(cell_apptainer_args("", "cpu", outside(workdir, [results]), environ={}))
+    bound = subprocess.run([str(EMULATOR), "exec", *home, *binds, sif, *read],
+                           capture_output=True, text=True, cwd=workdir, env=with_emulator(),
+                           check=False)  # fmt: skip
+    assert bound.stdout == "{}", bound.stderr

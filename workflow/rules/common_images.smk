@@ -1,7 +1,7 @@
 # Helpers of workflow/rules/images.smk: how this machine makes the Apptainer images (chosen and
 # printed once); what each image is made of is ptspeed.envs.realise.Images.
 
-from ptspeed.envs.apptainer import plan_sif
+from ptspeed.envs.apptainer import cell_apptainer_args, outside, plan_sif
 from ptspeed.envs.containers import engine_for_images, engine_usable
 from ptspeed.envs.realise import Images
 from ptspeed.cell.provenance import nvidia_driver_version
@@ -20,16 +20,26 @@ def make_sif_plan():
     return plan
 
 
-def give_cells_the_gpus():
-    """--nv on CUDA runs, whether or not a profile's apptainer-args says it."""
-    arguments = workflow.deployment_settings.apptainer_args or ""
-    if "--nv" not in arguments.split():
-        workflow.deployment_settings.apptainer_args = f"{arguments} --nv".strip()
+def set_cell_apptainer_args():
+    """--nv on CUDA runs, whether or not a profile's apptainer-args says it, and binds of the
+    results and the sources where the working directory (Snakemake's --home) does not hold
+    them; options that isolate the cells from each other are refused."""
+    settings = workflow.deployment_settings
+    binds = outside(Path.cwd(), [Path(RESULTS), Path(workflow.basedir)])
+    for path in binds:
+        path.mkdir(parents=True, exist_ok=True)
+    try:
+        settings.apptainer_args = cell_apptainer_args(
+            settings.apptainer_args or "", DEVICE_CLASS, binds
+        )
+    except ConfigError as exc:
+        raise WorkflowError(f"config: {exc}") from None
 
 
 SIF_PLAN = make_sif_plan()
+if SIF_PLAN:
+    set_cell_apptainer_args()
 if SIF_PLAN and DEVICE_CLASS == "cuda":
-    give_cells_the_gpus()
     # A CUDA base newer than this node's driver is refused before any cell runs.
     if workflow.is_main_process:
         try:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ptspeed.cell import hostenv
 from ptspeed.cell.record import Provenance
 from ptspeed.launch.gpus import ASSIGNMENT_VARIABLE
 
@@ -53,6 +54,8 @@ def collect_base() -> Provenance:
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         gpu_assignment=os.environ.get(ASSIGNMENT_VARIABLE, ""),
         allocator_settings={v: os.environ[v] for v in ALLOCATOR_VARIABLES if v in os.environ},
+        cleared_host_variables=hostenv.cleared_in_this_process(),
+        kept_host_variables=hostenv.kept(os.environ),
     )
 
 

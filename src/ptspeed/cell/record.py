@@ -386,6 +386,16 @@ class Provenance:
     allocator_settings: dict[str, str] = _doc(
         "Allocator environment variables set for the cell (PYTORCH_CUDA_ALLOC_CONF, …).", {}
     )
+    cleared_host_variables: dict[str, str] = _doc(
+        "Variables of the caller's environment that would change the measurement (CC, CXX, "
+        "TORCHINDUCTOR_*, TRITON_*, CUDA_LAUNCH_BLOCKING, NVIDIA_TF32_OVERRIDE, LD_PRELOAD, …) "
+        "and that the cell's worker started without, with their values.",
+        {},
+    )
+    kept_host_variables: dict[str, str] = _doc(
+        "The site's NCCL_* variables, kept for the cell (a job may need them for the fabric).",
+        {},
+    )
     gpu_state: str = _doc(
         "The GPU's SM clock, its maximum, power draw and limit and temperature at the start "
         "(nvidia-smi; '' without a GPU).",

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from ptspeed.envs.containers import (
     BuildSpec,
     ImageManifest,
     digest_of,
+    strip_scheme,
+    without_tag,
 )
 from ptspeed.errors import ConfigError, ContainerError
 
@@ -62,6 +65,29 @@ NO_BUILDER = (
     "install Apptainer (it builds docker/ptspeed.def with --fakeroot), or set "
     "containers.images: pull with containers.registry holding the images, pinned by digest"
 )
+
+
+# Options (and the variables Apptainer reads as those options) that break what the cells share
+# on a node: each container's own /tmp hides the GPU claims of the others (and is a 64 MiB
+# tmpfs), and a clean environment drops CUDA_VISIBLE_DEVICES and what ptspeed passes in.
+PRIVATE_TMP = "gives every cell its own /tmp (64 MiB), where the cells of a node claim their GPUs"
+CLEAN_ENVIRONMENT = (
+    "drops CUDA_VISIBLE_DEVICES (the GPUs SLURM gave the job) and what ptspeed passes to the cell"
+)
+ISOLATING_OPTIONS = {
+    "--contain": PRIVATE_TMP,
+    "-c": PRIVATE_TMP,
+    "--containall": f"{PRIVATE_TMP} and {CLEAN_ENVIRONMENT}",
+    "-C": f"{PRIVATE_TMP} and {CLEAN_ENVIRONMENT}",
+    "--cleanenv": CLEAN_ENVIRONMENT,
+    "-e": CLEAN_ENVIRONMENT,
+}
+ISOLATING_VARIABLES = {
+    f"{prefix}_{name}": f"--{name.lower()}"
+    for prefix in ("APPTAINER", "SINGULARITY")
+    for name in ("CONTAIN", "CONTAINALL", "CLEANENV")
+}
+TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 
 
 @dataclass(frozen=True)
@@ -115,6 +141,53 @@ def plan_sif(
     )
 
 
+def cell_apptainer_args(
+    given: str,
+    device_class: str,
+    binds: Iterable[Path],
+    environ: Mapping[str, str] = os.environ,
+) -> str:
+    """The apptainer-args of the cells: ``given`` (a profile's or the command line's) refused
+    in one line where it isolates the cells from each other, with ``--nv`` on CUDA and a bind
+    of each of ``binds`` (Snakemake binds the working directory alone, as home); raises
+    :class:`ConfigError`. Applying it twice changes nothing."""
+    arguments = shlex.split(given)
+    for argument in arguments:
+        option = argument.partition("=")[0]
+        if option in ISOLATING_OPTIONS:
+            raise ConfigError(_isolating(f"apptainer-args: {option}", ISOLATING_OPTIONS[option]))
+    for variable, option in ISOLATING_VARIABLES.items():
+        if environ.get(variable, "").lower() in TRUE_VALUES:
+            raise ConfigError(_isolating(f"{variable} (= {option})", ISOLATING_OPTIONS[option]))
+    if device_class == "cuda" and "--nv" not in arguments:
+        arguments.append("--nv")
+    bound = {arguments[i + 1] for i, a in enumerate(arguments[:-1]) if a in ("--bind", "-B")}
+    for path in binds:
+        if str(path) not in bound:
+            arguments += ["--bind", str(path)]
+            bound.add(str(path))
+    return shlex.join(arguments)
+
+
+def _isolating(what: str, why: str) -> str:
+    return (
+        f"{what} {why}: drop it (ptspeed binds the results and its sources into each cell's "
+        "container itself)"
+    )
+
+
+def outside(workdir: Path, paths: Iterable[Path]) -> list[Path]:
+    """Each of ``paths``, resolved (a link to scratch is followed), that the working directory
+    does not hold: what a cell's container must bind besides it."""
+    home = workdir.resolve()
+    found = []
+    for path in paths:
+        resolved = (workdir / path).resolve()
+        if resolved != home and home not in resolved.parents and resolved not in found:
+            found.append(resolved)
+    return found
+
+
 def saves_archive(plan: SifPlan) -> bool:
     """Whether making the SIF goes through a docker archive (an engine's image, not docker's:
     Apptainer reads docker's daemon directly)."""
@@ -137,7 +210,7 @@ def sif_commands(
     """The commands that write ``sif`` (their caller removes :func:`sif_archive` after them)."""
     build = ["apptainer", "build", "--force"]
     if plan.source == "registry":
-        return [[*build, str(sif), f"docker://{reference.split('://', 1)[-1]}"]]
+        return [[*build, str(sif), f"docker://{without_tag(strip_scheme(reference))[0]}"]]
     if plan.source == "image":
         if manifest is None or plan.engine is None:
             raise ValueError("an Apptainer image made from an image needs its manifest and engine")
@@ -153,13 +226,22 @@ def sif_commands(
         raise ValueError("an Apptainer image built from the definition needs its build spec")
     if os.geteuid() != 0:
         build.append("--fakeroot")
-    for name, value in {"PROJECT": str(project), **spec.build_arguments()}.items():
+    for name, value in definition_arguments(spec, project).items():
         build += ["--build-arg", f"{name}={value}"]
     if spec.ca_bundle is not None:
         build += ["--bind", f"{spec.ca_bundle}:/run/secrets/{CA_SECRET_ID}"]
     if spec.uv_cache is not None:
         build += ["--bind", f"{spec.uv_cache}:{BUILD_UV_CACHE}"]
     return [[*build, str(sif), str(project / DEFINITION)]]
+
+
+def definition_arguments(spec: BuildSpec, project: Path) -> dict[str, str]:
+    """The --build-arg values of docker/ptspeed.def, every one used there (Apptainer refuses an
+    unused one): the base by digest alone and its tag apart (Apptainer 1.3 refuses both)."""
+    arguments = {"PROJECT": str(project), **spec.build_arguments()}
+    if arguments.get("BASE_IMAGE"):
+        arguments["BASE_IMAGE"], arguments["BASE_IMAGE_TAG"] = without_tag(arguments["BASE_IMAGE"])
+    return arguments
 
 
 def check_room_for_sif(env: str, directory: Path, image_bytes: int) -> None:

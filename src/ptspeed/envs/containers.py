@@ -258,6 +258,17 @@ def digest_of(reference: str) -> str:
     return match.group(1) if match else ""
 
 
+def without_tag(reference: str) -> tuple[str, str]:
+    """(``name@sha256:…``, tag) of a reference pinned by digest, ``name:tag@sha256:…`` or not:
+    Apptainer 1.3 refuses a reference with both ("both a tag and digest are currently not
+    supported"). A reference without a digest is kept whole, with its tag."""
+    name, digest = DIGEST.sub("", reference), digest_of(reference)
+    repository, colon, tag = name.rpartition(":")
+    if not colon or "/" in tag:  # no tag, or the colon of a registry's port
+        repository, tag = name, ""
+    return (f"{repository}@{digest}" if digest else name), tag
+
+
 def build_tag(uri: str) -> str:
     """The name a built image gets: the environment's reference without scheme or digest."""
     return DIGEST.sub("", strip_scheme(uri))

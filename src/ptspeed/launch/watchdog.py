@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from ptspeed.cell.hostenv import worker_environment
 from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.provenance import collect_base
 from ptspeed.cell.record import CellSpec, Record, read_record, utc_now, write_record
@@ -115,7 +116,9 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def _worker_env(extra_env: dict[str, str]) -> dict[str, str]:
-    env = {**os.environ, **extra_env}
+    """The caller's environment without what would change the measurement (named in the
+    record: ptspeed.cell.hostenv), with ``extra_env`` and the worker's own variables."""
+    env = {**worker_environment(os.environ), **extra_env}
     source_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
     env[WATCHDOG_PID_VARIABLE] = str(os.getpid())
