@@ -196,8 +196,10 @@ def test_sif_commands_for_each_source(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_a_conversion_needs_room_for_the_archive_and_the_sif(tmp_path: Path) -> None:
+    """Twice the image's size, with margins that other tests writing to the disk meanwhile
+    (the Apptainer run writes GBs beside it) do not cross."""
     free = shutil.disk_usage(tmp_path).free
-    check_room_for_sif("torch-2.0", tmp_path, free // 2 - 1)
+    check_room_for_sif("torch-2.0", tmp_path, free // 4)
     with pytest.raises(ContainerError, match=r"^images: making torch-2\.0\.sif needs about "):
         check_room_for_sif("torch-2.0", tmp_path, free // 2 + 10**9)
 
@@ -229,11 +231,13 @@ def test_pull_takes_images_by_digest_only(tmp_path: Path) -> None:
 
 
 APPTAINER_TRIALS = 3  # the report's statistics need no more; each trial is a container start
+HOST_COMPILER = {"CXX": "/nonexistent"}
 
 
 def reduced_matrix(directory: Path) -> dict[str, Any]:
     """The default matrix: mlp on the CPU, eager and compile, torch-1.13 and torch-2.0 on the
-    CI's stand-in base (Debian 12 and CPython 3.10: .ci/podman.sh), 3 trials."""
+    CI's stand-in base (Debian 12 and CPython 3.10: .ci/podman.sh), 3 trials; the results
+    outside the working directory (the checkout), as on a cluster's scratch."""
     environments = {
         env: {**DEFAULT_CONFIG["environments"][env], "base_image": CI_BASE_IMAGE}
         for env in ENVIRONMENTS
@@ -258,9 +262,11 @@ def apptainer_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
     directory = tmp_path_factory.mktemp("apptainer")
     config = write_config(directory, reduced_matrix(directory))
     started = time.monotonic()
+    # A compiler module's CXX on the node: Apptainer passes it in, and inductor would compile
+    # with it; the cells' workers start without it and name it.
     done = snakemake(
-        "--use-singularity", f"--configfile={config}", cores="all", env=with_emulator(),
-        timeout=RUN_TIMEOUT_S,
+        "--use-singularity", f"--configfile={config}", cores="all",
+        env={**with_emulator(), **HOST_COMPILER}, timeout=RUN_TIMEOUT_S,
     )  # fmt: skip
     elapsed_s = time.monotonic() - started
     print(f"snakemake --cores all --use-singularity, from nothing to the report: {elapsed_s:.0f} s")
@@ -318,7 +324,8 @@ def test_every_record_comes_from_inside_its_image(apptainer_run: dict[str, Any])
         assert manifest["digest"] == f"sha256:{built.stdout.strip()}"
         # The image the emulator ran is that one (its sif names the podman image by id).
         assert json.loads(sif.read_text())["image_id"] == manifest["digest"]
-        assert provenance["container_image"] == str(sif.resolve())
+        assert provenance["container_image"] == os.path.abspath(sif)  # as given, links kept
+        assert HOST_COMPILER.items() <= provenance["cleared_host_variables"].items()
 
 
 @pytest.mark.apptainer

@@ -9,9 +9,14 @@ chosen trials; the tables must mark exactly those perturbed, the workflow must r
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import sys
 import time
+import types
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -30,17 +35,82 @@ from ptspeed.analysis.conditions import (
 from ptspeed.analysis.reruns import rerun_columns, rerun_count, reruns_due, trial_limit
 from ptspeed.cell import conditions
 from ptspeed.cell.faults import FAULTS_VARIABLE, NEIGHBOUR
+from ptspeed.cell.record import Conditions
 from ptspeed.plan.config import fill_defaults, load_schema
 
 # --- the cell's samples --------------------------------------------------------------------------
 
 
-def test_a_window_measures_the_cells_own_cpu_time_and_the_nodes() -> None:
-    window = conditions.begin(torch.device("cpu"))
-    deadline = time.process_time() + 0.3
-    while time.process_time() < deadline:  # 0.3 s of this process's own CPU time
+# A cell's side of a window, as a script: busy_loop spins 0.3 s inside the window; reaped_child
+# reaps inside the window a child that burned 0.5 s before it and 0.1 s inside it. The child
+# runs in a session of its own, as the watchdog starts a worker: its whole life reaches the
+# cell's cutime when reaped, though the session's processes at the start did not include it.
+CELL = r"""
+import dataclasses, json, subprocess, sys, time, types
+
+from ptspeed.cell import conditions
+
+CPU = types.SimpleNamespace(type="cpu")  # for torch.device("cpu"): begin reads only its type
+
+
+def spin(seconds):
+    deadline = time.process_time() + seconds
+    while time.process_time() < deadline:
         pass
-    measured = window.end()
+
+
+def busy_loop():
+    window = conditions.begin(CPU)
+    spin(0.3)  # 0.3 s of this process's own CPU time
+    return window.end()
+
+
+def reaped_child():
+    child = subprocess.Popen(
+        [sys.executable, __file__, "child"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    child.stdout.readline()  # it has burned 0.5 s
+    window = conditions.begin(CPU)
+    child.communicate("go\n")  # it burns 0.1 s more and is reaped
+    return window.end()
+
+
+def child():
+    spin(0.5)
+    print(flush=True)
+    sys.stdin.readline()
+    spin(0.1)
+
+
+if sys.argv[1] == "child":
+    child()
+else:
+    measured = {"busy_loop": busy_loop, "reaped_child": reaped_child}[sys.argv[1]]()
+    print(json.dumps(dataclasses.asdict(measured)))
+"""
+
+
+def measured_in_own_session(scenario: str, directory: Path) -> Conditions:
+    """The conditions of CELL's ``scenario``, run as the watchdog runs a worker: in a session
+    of its own, so that nothing else of pytest's (another xdist worker, say) counts as the
+    cell's."""
+    script = directory / "cell.py"
+    script.write_text(CELL, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script), scenario],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return Conditions(**json.loads(done.stdout))
+
+
+def test_a_window_measures_the_cells_own_cpu_time_and_the_nodes(tmp_path: Path) -> None:
+    measured = measured_in_own_session("busy_loop", tmp_path)
     assert measured.window_s is not None and measured.window_s >= 0.29
     assert measured.affinity_cpus == len(os.sched_getaffinity(0))
     assert measured.own_cpu_s is not None and measured.own_cpu_s >= 0.25  # to a few 10 ms ticks
@@ -48,6 +118,77 @@ def test_a_window_measures_the_cells_own_cpu_time_and_the_nodes() -> None:
     assert measured.other_cpu_s == pytest.approx(measured.busy_cpu_s - measured.own_cpu_s)
     assert measured.sampling_s is not None and measured.sampling_s < 0.5
     assert measured.gpu_source == ""  # on the CPU the GPU is not asked
+    assert "not trusted" not in measured.not_readable
+
+
+def test_a_child_reaped_in_the_window_counts_only_its_time_inside_it(tmp_path: Path) -> None:
+    measured = measured_in_own_session("reaped_child", tmp_path)
+    assert measured.window_s is not None and measured.own_cpu_s is not None
+    assert 0.06 <= measured.own_cpu_s <= 0.25  # its 0.1 s inside the window, not its 0.6 s
+    assert measured.own_cpu_s <= measured.window_s * measured.affinity_cpus + 0.05
+    assert measured.other_cpu_s is not None
+    assert "not trusted" not in measured.not_readable
+
+
+def injected_window(
+    monkeypatch: pytest.MonkeyPatch, window_s: float, busy_s: float, own_s: float
+) -> Conditions:
+    """A window whose readings say: it lasted window_s, the cell's CPUs were busy busy_s, and
+    the cell's one process took own_s."""
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    session = os.getsid(0)
+
+    def cell(seconds: float) -> dict[int, conditions._Process]:
+        ticks = round(seconds * ticks_per_s)
+        return {
+            os.getpid(): conditions._Process(parent=1, session=session, start_time=1, ticks=ticks)
+        }
+
+    processes = iter([cell(0.0), cell(own_s)])
+    cpu_ticks = iter([(0, 0), (round(busy_s * ticks_per_s), 0)])
+    clock = iter([0.0, window_s])
+    monkeypatch.setattr(conditions, "_processes", lambda unavailable: next(processes))
+    monkeypatch.setattr(conditions, "_cpu_ticks", lambda cpus, unavailable: next(cpu_ticks))
+    fake_time = types.SimpleNamespace(
+        monotonic=lambda: next(clock), time=time.time, perf_counter=time.perf_counter
+    )
+    monkeypatch.setattr(conditions, "time", fake_time)
+    return conditions.begin(torch.device("cpu")).end()
+
+
+def test_an_own_cpu_time_past_what_the_cpus_give_is_clamped_and_not_trusted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As measured in CI on 2 CPUs: 2.99 s "own" in a 0.32 s window."""
+    cpus = len(os.sched_getaffinity(0))
+    given_s = 0.32 * cpus
+    measured = injected_window(monkeypatch, 0.32, busy_s=given_s, own_s=given_s + 2.35)
+    assert measured.own_cpu_s == pytest.approx(given_s)
+    assert measured.other_cpu_s is None  # not judged on its strength
+    assert (
+        f"own CPU time {given_s + 2.35:.2f} s exceeds what {cpus} CPU(s) give in 0.32 s: "
+        "not trusted"
+    ) in measured.not_readable
+
+
+def test_an_own_cpu_time_past_the_cpus_busy_time_is_clamped_and_not_trusted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured = injected_window(monkeypatch, 0.32, busy_s=0.1, own_s=0.3)
+    assert measured.own_cpu_s == pytest.approx(0.1)
+    assert measured.other_cpu_s is None
+    assert (
+        "own CPU time 0.30 s exceeds the 0.10 s its CPUs were busy: not trusted"
+    ) in measured.not_readable
+
+
+def test_an_own_cpu_time_within_a_ticks_rounding_is_trusted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured = injected_window(monkeypatch, 0.32, busy_s=0.2, own_s=0.21)
+    assert measured.own_cpu_s == pytest.approx(0.21)
+    assert measured.other_cpu_s == pytest.approx(-0.01)
+    assert "not trusted" not in measured.not_readable
 
 
 # --- the judgement -------------------------------------------------------------------------------

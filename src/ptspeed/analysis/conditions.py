@@ -9,7 +9,8 @@ so a changed threshold re-judges old records without rerunning. A trial is pertu
   of the CPU share they left the run's typical trial (1 - that share, against its median over
   the run's judged trials: a burst beside some trials, whatever the machine's steady
   background); windows shorter than ``min_window_s``, which /proc/stat's 10 ms ticks cannot
-  resolve, are not judged by CPU;
+  resolve, are not judged by CPU, nor trials without ``other_cpu_s`` (also where the cell
+  did not trust its own CPU time: see ``not_readable``);
 * the highest CPU clock (cpufreq) or GPU SM clock seen at the window's start and end was below
   ``min_clock_fraction`` of its maximum;
 * a GPU throttle reason of ``throttle_reasons`` was active; or

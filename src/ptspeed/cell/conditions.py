@@ -3,14 +3,24 @@
 :func:`begin` samples the node just before the measured window and :meth:`Window.end` just
 after it (never inside: the timed loop runs nothing of this), and the two samples make a
 :class:`~ptspeed.cell.record.Conditions`: the CPU time other processes took on the cell's CPUs
-(``/proc/stat``'s non-idle time of those CPUs minus the CPU time of the cell's own processes:
-every process of the cell's session, which the watchdog starts for the worker, so torch's
-intra-op threads, DataLoader workers, compile workers and torchrun's ranks all count as the
-cell's), the load average, the CPU frequency governor and clock range (``cpufreq``; absent in
-most VMs and containers: null), whether the cell was pinned, and on CUDA the GPU's clocks,
-temperature, power, throttle reasons and other processes on it (NVML through ``pynvml``
-where importable, else ``nvidia-smi``). Whether that makes the trial perturbed is judged on
-the host (:mod:`ptspeed.analysis.conditions`), so a changed threshold re-judges old records.
+(``/proc/stat``'s non-idle time of those CPUs minus the cell's own CPU time, below), the load
+average, the CPU frequency governor and clock range (``cpufreq``; absent in most VMs and
+containers: null), whether the cell was pinned, and on CUDA the GPU's clocks, temperature,
+power, throttle reasons and other processes on it (NVML through ``pynvml`` where importable,
+else ``nvidia-smi``). Whether that makes the trial perturbed is judged on the host
+(:mod:`ptspeed.analysis.conditions`), so a changed threshold re-judges old records.
+
+The cell's own processes are those of its session: the watchdog starts each worker in a
+session of its own (``start_new_session=True`` in :mod:`ptspeed.launch.watchdog`), so torch's
+intra-op threads, DataLoader workers, compile workers and torchrun's ranks count as the cell's
+and nothing else does. Their CPU time inside the window, from each process's utime + stime +
+cutime + cstime (``/proc/PID/stat``): for a process of the session at the end, the change since
+the start (a process born in the window: all of it); less, for each process gone by the end
+whose ticks went to the session (a reaped process's whole life joins its parent's cutime and
+cstime, whatever the child's session), its ticks at the start, since only what it spent after
+them lies inside the window. The figure can be no more than the cell's CPUs give in the window
+nor than they were busy (rounding aside); past that it is clamped, ``other_cpu_s`` is left null
+and ``not_readable`` says why, so that no trial is judged quiet on its strength.
 
 Standard library only (``pynvml`` optional); every read that fails leaves its value null and
 says so in ``not_readable``.
@@ -38,9 +48,13 @@ MILLIWATTS_PER_WATT = 1000.0
 _IDLE_COLUMNS = (3, 4)
 _STEAL_COLUMN = 7
 _STAT_COLUMNS = 8
-# /proc/PID/stat after the command's closing parenthesis: state is field 3, session 6,
-# utime 14, stime 15, cutime 16, cstime 17 (1-based, as proc(5) numbers them).
-_SESSION_FIELD, _TIMES_FIELDS = 3, slice(11, 15)
+# /proc/PID/stat after the command's closing parenthesis: state is field 3, parent 4, session
+# 6, utime 14, stime 15, cutime 16, cstime 17, start time 22 (1-based, as proc(5) numbers them).
+_PARENT_FIELD, _SESSION_FIELD, _TIMES_FIELDS, _START_TIME_FIELD = 1, 3, slice(11, 15), 19
+# Each CPU's /proc/stat counters and each process's utime and stime are whole ticks, read at
+# both ends of the window: the own CPU time is trusted up to this many ticks past its bounds
+# per CPU and per process that ran.
+_ROUNDING_TICKS = 2
 # NVML's throttle reasons (nvmlClocksThrottleReason*) and nvidia-smi's names for them; the
 # idle reason is left out (an idle GPU at the window's end is not a perturbation).
 THROTTLE_REASONS = {
@@ -77,13 +91,24 @@ class _GpuSample:
     source: str = ""
 
 
+@dataclass(frozen=True)
+class _Process:
+    """A process as /proc/PID/stat shows it. Its start time tells it from a later process given
+    the same pid; ticks: utime + stime + cutime + cstime."""
+
+    parent: int
+    session: int
+    start_time: int
+    ticks: int
+
+
 @dataclass
 class _Sample:
     monotonic_s: float
     unix_s: float
     busy_ticks: int | None
     steal_ticks: int | None
-    own_ticks: int | None
+    processes: dict[int, _Process] | None
     load_average: float | None
     cpu_mhz: list[float]
     gpu: _GpuSample | None
@@ -95,6 +120,7 @@ class Window:
 
     cpus: list[int]
     gpu_index: int | None
+    session: int
     start: _Sample
     cost_s: float
     unavailable: dict[str, None] = field(default_factory=dict)
@@ -114,25 +140,26 @@ def begin(device: Any) -> Window:
     gpu_index = device.index if getattr(device, "type", "") == "cuda" else None
     unavailable: dict[str, None] = {}
     start = _sample(cpus, gpu_index, unavailable, start=True)
-    return Window(cpus, gpu_index, start, time.perf_counter() - begun, unavailable)
+    session = os.getsid(0)
+    return Window(cpus, gpu_index, session, start, time.perf_counter() - begun, unavailable)
 
 
 def _sample(cpus: list[int], gpu: int | None, unavailable: dict[str, None], start: bool) -> _Sample:
     """One sample. At the start the node's counters are read last, at the end first, so that
     the sampling itself stays outside the window they bracket."""
     gpu_sample = _gpu_sample(gpu, unavailable) if gpu is not None and start else None
-    own = _session_ticks(unavailable) if start else None
+    processes = _processes(unavailable) if start else None
     busy, steal = _cpu_ticks(cpus, unavailable)
     monotonic_s, unix_s = time.monotonic(), time.time()
     if not start:
-        own = _session_ticks(unavailable)
+        processes = _processes(unavailable)
         gpu_sample = _gpu_sample(gpu, unavailable) if gpu is not None else None
     return _Sample(
         monotonic_s=monotonic_s,
         unix_s=unix_s,
         busy_ticks=busy,
         steal_ticks=steal,
-        own_ticks=own,
+        processes=processes,
         load_average=_load_average(unavailable),
         cpu_mhz=_cpu_mhz(cpus, unavailable),
         gpu=gpu_sample,
@@ -143,7 +170,8 @@ def _compare(window: Window, stop: _Sample) -> Conditions:
     start = window.start
     tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
     busy = _difference(start.busy_ticks, stop.busy_ticks, tick_s)
-    own = _difference(start.own_ticks, stop.own_ticks, tick_s)
+    own_ticks = _own_ticks(start.processes, stop.processes, window.session)
+    own = sum(own_ticks) * tick_s if own_ticks is not None else None
     limits = _cpu_limits_mhz(window.cpus)
     conditions = Conditions(
         window_s=stop.monotonic_s - start.monotonic_s,
@@ -164,12 +192,81 @@ def _compare(window: Window, stop: _Sample) -> Conditions:
         cpu_mhz_limit=max(limits, default=None),
     )
     _note_gpu(conditions, start.gpu, stop.gpu)
-    conditions.not_readable = "; ".join(window.unavailable)
+    counters = len(window.cpus) + sum(1 for ticks in own_ticks or [] if ticks)
+    doubt = _distrust_impossible_own(conditions, _ROUNDING_TICKS * counters * tick_s)
+    conditions.not_readable = "; ".join([*window.unavailable, *([doubt] if doubt else [])])
     return conditions
 
 
 def _difference(start: int | None, stop: int | None, tick_s: float) -> float | None:
     return (stop - start) * tick_s if start is not None and stop is not None else None
+
+
+def _own_ticks(
+    start: dict[int, _Process] | None, stop: dict[int, _Process] | None, session: int
+) -> list[int] | None:
+    """The CPU ticks the cell's processes (``session``'s) took between the two samples, one
+    term per process of the session and per process reaped into it (see the module
+    docstring for why these terms)."""
+    if start is None or stop is None:
+        return None
+    terms = [
+        process.ticks - (start[pid].ticks if _lives_on(pid, start, stop) else 0)
+        for pid, process in stop.items()
+        if process.session == session
+    ]
+    terms += [-start[pid].ticks for pid in start if _reaped_into(session, pid, start, stop)]
+    return terms
+
+
+def _lives_on(pid: int, start: dict[int, _Process], stop: dict[int, _Process]) -> bool:
+    """Whether the process ``pid`` of the first sample is still there at the second."""
+    later = stop.get(pid)
+    return pid in start and later is not None and later.start_time == start[pid].start_time
+
+
+def _reaped_into(
+    session: int, pid: int, start: dict[int, _Process], stop: dict[int, _Process]
+) -> bool:
+    """Whether a process gone by the end left its ticks with a process of ``session``: its
+    parent's cutime and cstime, or, where the parent is gone too, its parent's in turn."""
+    if _lives_on(pid, start, stop):
+        return False
+    seen = {pid}
+    ancestor = start[pid].parent
+    while ancestor in start and ancestor not in seen and not _lives_on(ancestor, start, stop):
+        seen.add(ancestor)
+        ancestor = start[ancestor].parent
+    return _lives_on(ancestor, start, stop) and stop[ancestor].session == session
+
+
+def _distrust_impossible_own(conditions: Conditions, slack_s: float) -> str:
+    """Why the own CPU time cannot be right ('' where it can); where it cannot, it is clamped
+    to what is possible and other_cpu_s, which would rest on it, is left unknown."""
+    own, busy, window_s = conditions.own_cpu_s, conditions.busy_cpu_s, conditions.window_s
+    cpus = conditions.affinity_cpus
+    if own is None or window_s is None:
+        return ""
+    doubt = _own_doubt(own, busy, window_s, cpus, slack_s)
+    if doubt:
+        possible = min(window_s * cpus, busy if busy is not None else window_s * cpus)
+        conditions.own_cpu_s = min(max(own, 0.0), possible)
+        conditions.other_cpu_s = None
+    return doubt
+
+
+def _own_doubt(
+    own_s: float, busy_s: float | None, window_s: float, cpus: int, slack_s: float
+) -> str:
+    if own_s > window_s * cpus + slack_s:
+        given = f"what {cpus} CPU(s) give in {window_s:.2f} s"
+        return f"own CPU time {own_s:.2f} s exceeds {given}: not trusted"
+    if busy_s is not None and own_s > busy_s + slack_s:
+        busy = f"the {busy_s:.2f} s its CPUs were busy"
+        return f"own CPU time {own_s:.2f} s exceeds {busy}: not trusted"
+    if own_s < -slack_s:
+        return f"own CPU time {own_s:.2f} s is below zero: not trusted"
+    return ""
 
 
 def _cpu_ticks(cpus: list[int], unavailable: dict[str, None]) -> tuple[int | None, int | None]:
@@ -191,25 +288,32 @@ def _cpu_ticks(cpus: list[int], unavailable: dict[str, None]) -> tuple[int | Non
     return busy, steal
 
 
-def _session_ticks(unavailable: dict[str, None]) -> int | None:
-    """CPU ticks of every process in this process's session, its threads and reaped children
-    included (utime + stime + cutime + cstime of each)."""
-    session = os.getsid(0)
-    total = 0
+def _processes(unavailable: dict[str, None]) -> dict[int, _Process] | None:
+    """Every process of the node (of this PID namespace) by pid, from /proc/PID/stat."""
+    table = {}
     for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text(encoding="ascii", errors="replace")
-        except OSError:
-            continue  # gone since the listing
-        fields = text.rpartition(")")[2].split()
-        if len(fields) > _TIMES_FIELDS.stop and int(fields[_SESSION_FIELD]) == session:
-            total += sum(int(v) for v in fields[_TIMES_FIELDS])
-    if total == 0:
+        if entry.name.isdigit() and (process := _read_process(entry)) is not None:
+            table[int(entry.name)] = process
+    if os.getpid() not in table:
         unavailable["/proc/PID/stat"] = None
         return None
-    return total
+    return table
+
+
+def _read_process(entry: Path) -> _Process | None:
+    try:
+        text = (entry / "stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None  # gone since the listing
+    fields = text.rpartition(")")[2].split()
+    if len(fields) <= _START_TIME_FIELD:
+        return None
+    return _Process(
+        parent=int(fields[_PARENT_FIELD]),
+        session=int(fields[_SESSION_FIELD]),
+        start_time=int(fields[_START_TIME_FIELD]),
+        ticks=sum(int(v) for v in fields[_TIMES_FIELDS]),
+    )
 
 
 def _load_average(unavailable: dict[str, None]) -> float | None:

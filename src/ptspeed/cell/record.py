@@ -245,8 +245,11 @@ class Conditions:
         None,
     )
     own_cpu_s: Optional[float] = _doc(
-        "CPU time of the cell's own processes over the window: every process of its session "
-        "(the worker's threads, its DataLoader and compile workers, torchrun's ranks).",
+        "CPU time of the cell's own processes inside the window: every process of its session "
+        "(the worker's threads, its DataLoader and compile workers, torchrun's ranks), a "
+        "process reaped in the window counted for its time there only; at most what the "
+        "cell's CPUs give in the window (past it: clamped, other_cpu_s null, not_readable "
+        "says why).",
         None,
     )
     other_cpu_s: Optional[float] = _doc(
