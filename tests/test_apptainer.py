@@ -49,6 +49,7 @@ from ptspeed.envs.containers import (
     BuildSpec,
     ImageManifest,
     digest_of,
+    engine_usable,
     inspect_image,
     push_image,
     without_tag,
@@ -173,6 +174,24 @@ def test_builder_preference(available: set[str], source: str, engine: str | None
     with pytest.raises(ConfigError, match=r"^containers: nothing here builds"):
         plan_sif(settings, lambda _: False, lambda _: None)
     assert plan_sif({"images": "pull", "builder": "auto"}, bool).source == "registry"
+
+
+def test_podman_that_cannot_run_is_not_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rootless podman without subuids, as on many login nodes: on PATH, `podman info` fails;
+    the images are then built by Apptainer from the definition."""
+    fake = tmp_path / "podman"
+    fake.write_text('#!/bin/sh\necho "Error: cannot find UID/GID for user u: no subuid ranges '
+                    'found for user \\"u\\" in /etc/subuid" >&2\nexit 125\n')  # fmt: skip
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert not engine_usable("podman")
+    apptainer = {"apptainer": "/usr/bin/apptainer"}.get
+    settings = {"images": "build", "builder": "auto"}
+    assert plan_sif(settings, engine_usable, apptainer).source == "definition"
+    with pytest.raises(ConfigError, match=r"^containers.builder: podman is not on PATH or cannot"):
+        plan_sif({**settings, "builder": "podman"}, engine_usable, apptainer)
 
 
 def test_sif_commands_for_each_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,6 +31,7 @@ from ptspeed.envs.containers import (
 from ptspeed.errors import ConfigError, ContainerError
 
 BUILDERS = ("auto", *ENGINES, "apptainer")
+PROBES = {"docker": "`docker version`", "podman": "`podman info`"}
 DEFINITION = Path("docker/ptspeed.def")
 # Where docker/install.sh finds uv's cache in an Apptainer build (its default UV_CACHE_DIR).
 BUILD_UV_CACHE = "/var/cache/uv"
@@ -127,7 +128,9 @@ def plan_sif(
     if builder in ENGINES:
         if not usable(builder):
             raise ConfigError(
-                f"containers.builder: {builder} is not on PATH or its daemon does not answer"
+                f"containers.builder: {builder} is not on PATH or cannot run here "
+                f"({PROBES[builder]} failed): fix it, or set containers.builder: auto to fall "
+                "back to Apptainer"
             )
         return SifPlan("image", builder)
     if builder == "auto":

@@ -51,6 +51,7 @@ PASSED_VARIABLES = (VISIBLE_DEVICES_VARIABLE, COUNT_VARIABLE, GIT_COMMIT_VARIABL
 LOCKED_PACKAGES = ("torch", "torchvision", "transformers")
 DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
 ENGINE_TIMEOUT_S = 120
+ENGINE_PROBE_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -156,17 +157,16 @@ def engine_for_images(settings: Mapping[str, Any], usable: Callable[[str], bool]
 
 
 def engine_usable(engine: str) -> bool:
-    """Whether ``engine`` can build here: on PATH, and for docker its daemon answers (a docker
-    client without a daemon is common on clusters); podman needs no daemon."""
+    """Whether ``engine`` can build here: on PATH, and it answers: docker's daemon (a docker
+    client without a daemon is common on clusters), podman's own check (`podman info`: rootless
+    podman without subuids, usual on login nodes, is on PATH yet cannot run)."""
     if shutil.which(engine) is None:
         return False
-    if engine != "docker":
-        return True
+    probe = ["version", "--format", "{{.Server.Version}}"] if engine == "docker" else ["info"]
     try:
         answer = subprocess.run(
-            [engine, "version", "--format", "{{.Server.Version}}"],
-            capture_output=True, check=False, timeout=15,
-        )  # fmt: skip
+            [engine, *probe], capture_output=True, check=False, timeout=ENGINE_PROBE_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         return False
     return answer.returncode == 0
