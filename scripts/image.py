@@ -33,6 +33,7 @@ from ptspeed.cell.files import exclusive_lock
 from ptspeed.envs.apptainer import (
     SIF_LOCK,
     SifPlan,
+    check_build_space,
     check_room_for_sif,
     image_key,
     saves_archive,
@@ -160,8 +161,10 @@ def convert(
 ) -> None:
     """Make ``target`` and its digest file; a failed conversion leaves neither a partial SIF
     nor its multi-GB docker archive behind."""
-    if saves_archive(plan) and manifest is not None:
-        check_room_for_sif(args.env, target.parent, image_size(manifest.engine, manifest.id))
+    size = image_size(manifest.engine, manifest.id) if manifest is not None else None
+    if saves_archive(plan) and size is not None:
+        check_room_for_sif(args.env, target.parent, size)
+    check_build_space(args.env, size)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     commands = sif_commands(plan, partial, spec, PROJECT, manifest, args.uri)
     try:

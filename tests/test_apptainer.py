@@ -33,7 +33,9 @@ from ptspeed.envs.apptainer import (
     CELL_PYTHON,
     NO_BUILDER,
     SifPlan,
+    build_places,
     cell_apptainer_args,
+    check_build_space,
     check_driver,
     check_room_for_sif,
     image_key,
@@ -221,6 +223,32 @@ def test_a_conversion_needs_room_for_the_archive_and_the_sif(tmp_path: Path) -> 
     check_room_for_sif("torch-2.0", tmp_path, free // 4)
     with pytest.raises(ContainerError, match=r"^images: making torch-2\.0\.sif needs about "):
         check_room_for_sif("torch-2.0", tmp_path, free // 2 + 10**9)
+
+
+def test_a_build_needs_room_where_apptainer_unpacks_and_caches(tmp_path: Path) -> None:
+    """APPTAINER_TMPDIR (else TMPDIR, else /tmp: often a small tmpfs) and the layer cache
+    (APPTAINER_CACHEDIR/cache, else ~/.apptainer/cache: a home quota) are checked before a
+    build, and the one line names both variables."""
+    cache = tmp_path / "cache"
+    assert [p.path for p in build_places({"APPTAINER_CACHEDIR": str(cache)})] == [
+        Path("/tmp"), cache / "cache"]  # fmt: skip
+    assert build_places({"TMPDIR": "/scratch"})[1].path == Path.home() / ".apptainer/cache"
+    with small_disk(tmp_path / "tmpfs", size_kib=1024) as small:
+        environ = {"APPTAINER_TMPDIR": str(small), "APPTAINER_CACHEDIR": str(cache)}
+        check_build_space("torch-2.0", 10**5, environ)
+        with pytest.raises(ContainerError) as error:
+            check_build_space("torch-2.0", 10**7, environ)
+    message = str(error.value)
+    assert message.startswith("images: building torch-2.0.sif needs about 0.0 GB in each of ")
+    assert f"APPTAINER_TMPDIR ({small}, where it unpacks the image): 0.0 GB free" in message
+    assert "APPTAINER_CACHEDIR (" not in message  # the cache's disk has room
+    assert message.endswith("set APPTAINER_TMPDIR and APPTAINER_CACHEDIR to directories on a "
+                            "disk with room")  # fmt: skip
+    free = shutil.disk_usage(tmp_path).free
+    same_disk = {"APPTAINER_TMPDIR": str(tmp_path), "APPTAINER_CACHEDIR": str(cache)}
+    check_build_space("torch-2.0", free // 4, same_disk)
+    with pytest.raises(ContainerError, match=r"APPTAINER_TMPDIR .*; APPTAINER_CACHEDIR "):
+        check_build_space("torch-2.0", free // 2 + 10**9, same_disk)  # both on one disk
 
 
 def test_a_cuda_base_newer_than_the_driver_is_refused() -> None:

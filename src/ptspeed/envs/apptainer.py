@@ -60,6 +60,9 @@ CELL_PYTHON = "env -u PYTHONHOME -u PYTHONSTARTUP PYTHONNOUSERSITE=1"
 SIF_ROOM_PER_IMAGE_BYTE = 2
 # One conversion at a time per image directory, so that two archives never need room at once.
 SIF_LOCK = ".sif-conversion.lock"
+# What a build from the definition or a registry unpacks, where the size is not known before:
+# a CUDA/cuDNN runtime base and a torch venv (the images here are 5 to 10 GB).
+UNKNOWN_IMAGE_BYTES = 10 * 10**9
 CUDA_IN_BASE = re.compile(r"cuda:(\d+)\.(\d+)")
 NO_BUILDER = (
     "containers: nothing here builds the images (no docker, podman or apptainer): "
@@ -258,6 +261,69 @@ def check_room_for_sif(env: str, directory: Path, image_bytes: int) -> None:
             f"(the image's docker archive, then the SIF); {_gigabytes(free)} are free: free "
             "space there, or set containers.image_dir to a directory on a larger disk"
         )
+
+
+@dataclass(frozen=True)
+class BuildPlace:
+    """A directory an Apptainer build writes to besides its target, and why."""
+
+    variable: str
+    path: Path
+    role: str
+
+
+def build_places(environ: Mapping[str, str] = os.environ) -> list[BuildPlace]:
+    """Where ``apptainer build`` unpacks the root filesystem (APPTAINER_TMPDIR, else TMPDIR,
+    else /tmp: often a small tmpfs) and keeps the layers (APPTAINER_CACHEDIR/cache, else
+    ~/.apptainer/cache: often under a home quota)."""
+    temporary = environ.get("APPTAINER_TMPDIR") or environ.get("TMPDIR") or "/tmp"
+    if environ.get("APPTAINER_CACHEDIR"):
+        cache = Path(environ["APPTAINER_CACHEDIR"]) / "cache"
+    else:
+        config = environ.get("APPTAINER_CONFIGDIR") or str(Path.home() / ".apptainer")
+        cache = Path(config) / "cache"
+    return [
+        BuildPlace("APPTAINER_TMPDIR", Path(temporary), "where it unpacks the image"),
+        BuildPlace("APPTAINER_CACHEDIR", cache, "where it keeps the layers"),
+    ]
+
+
+def check_build_space(
+    env: str, image_bytes: int | None, environ: Mapping[str, str] = os.environ
+) -> None:
+    """Refuse an Apptainer build that its temporary directory and layer cache cannot hold
+    (``image_bytes`` each; unknown: UNKNOWN_IMAGE_BYTES), in one line naming both variables;
+    two places on one filesystem need room for both."""
+    needed = image_bytes or UNKNOWN_IMAGE_BYTES
+    places = build_places(environ)
+    by_disk: dict[int, list[BuildPlace]] = {}
+    for place in places:
+        by_disk.setdefault(_existing(place.path).stat().st_dev, []).append(place)
+    short = [
+        group
+        for group in by_disk.values()
+        if shutil.disk_usage(_existing(group[0].path)).free < needed * len(group)
+    ]
+    if not short:
+        return
+    described = "; ".join(
+        f"{place.variable} ({place.path}, {place.role}): "
+        f"{_gigabytes(shutil.disk_usage(_existing(place.path)).free)} free"
+        for group in short
+        for place in group
+    )
+    raise ContainerError(
+        f"images: building {env}.sif needs about {_gigabytes(needed)} in each of Apptainer's "
+        f"temporary directory and layer cache; {described}: set APPTAINER_TMPDIR and "
+        "APPTAINER_CACHEDIR to directories on a disk with room"
+    )
+
+
+def _existing(path: Path) -> Path:
+    """``path`` or its nearest existing parent (a cache not made yet is made there)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _gigabytes(size: int) -> str:
