@@ -259,6 +259,12 @@ def test_a_cuda_base_newer_than_the_driver_is_refused() -> None:
     message = str(error.value)
     assert "CUDA 12.8" in message and "535.104.05" in message and ">= 570.124.06" in message
     assert message.startswith("environments.torch-2.14: ")
+    # torch 2.14's wheels bring CUDA 13 on that CUDA 12.8 base: the wheels decide.
+    lock = (ROOT / "envs/torch-2.14.txt").read_text()
+    with pytest.raises(ConfigError, match=r"nvidia-cuda-runtime==13\.0\.96\) bring CUDA 13\.0"):
+        check_driver("torch-2.14", base, "570.124.06", lock)
+    check_driver("torch-2.14", base, "580.65.06", lock)
+    check_driver("torch-2.0", base, "570.124.06", (ROOT / "envs/torch-2.0.txt").read_text())
 
 
 @pytest.mark.workflow

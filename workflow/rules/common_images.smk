@@ -40,12 +40,13 @@ SIF_PLAN = make_sif_plan()
 if SIF_PLAN:
     set_cell_apptainer_args()
 if SIF_PLAN and DEVICE_CLASS == "cuda":
-    # A CUDA base newer than this node's driver is refused before any cell runs.
-    if workflow.is_main_process:
+    # A CUDA base (or CUDA wheels) newer than the driver is refused before any cell runs, where
+    # the driver is: on this node, or under a cluster executor in each job's Snakemake on its
+    # GPU node (a login node without a driver checks nothing).
+    DRIVER = nvidia_driver_version()
+    if DRIVER:
         try:
-            REALISATION.check_driver(
-                {cell.env for cell in CELLS}, nvidia_driver_version()
-            )
+            REALISATION.check_driver({cell.env for cell in CELLS}, DRIVER)
         except ConfigError as exc:
             raise WorkflowError(f"config: {exc}") from None
 IMAGES = Images(REALISATION, engine_for_images(CONTAINERS, engine_usable), SIF_PLAN)

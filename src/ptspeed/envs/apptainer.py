@@ -64,6 +64,9 @@ SIF_LOCK = ".sif-conversion.lock"
 # a CUDA/cuDNN runtime base and a torch venv (the images here are 5 to 10 GB).
 UNKNOWN_IMAGE_BYTES = 10 * 10**9
 CUDA_IN_BASE = re.compile(r"cuda:(\d+)\.(\d+)")
+# The CUDA runtime a lock's wheels bring: nvidia-cuda-runtime-cu12==12.8.90, or (CUDA 13)
+# nvidia-cuda-runtime==13.0.96.
+CUDA_IN_LOCK = re.compile(r"^nvidia-cuda-runtime(?:-cu\d+)?==(\d+)\.(\d+)\S*", re.MULTILINE)
 NO_BUILDER = (
     "containers: nothing here builds the images (no docker, podman or apptainer): "
     "install Apptainer (it builds docker/ptspeed.def with --fakeroot), or set "
@@ -366,24 +369,42 @@ def default_base_image(project: Path) -> str:
     return ""
 
 
-def check_driver(env: str, base_image: str, driver: str) -> None:
-    """Refuse an image whose CUDA base needs a newer driver than the node's (``driver``, as
-    nvidia-smi prints it); a base without a CUDA version in its name passes."""
-    match = CUDA_IN_BASE.search(base_image)
-    if not match or not driver:
+def check_driver(env: str, base_image: str, driver: str, lock: str = "") -> None:
+    """Refuse an image whose CUDA needs a newer driver than the node's (``driver``, as
+    nvidia-smi prints it): the base's CUDA (its name) or, where newer, the CUDA runtime wheel
+    of the environment's ``lock`` (its text: torch 2.14's CUDA 13 wheels on a 12.8 base);
+    without either, it passes."""
+    needs = [need for need in (_base_cuda(base_image), _lock_cuda(lock)) if need]
+    if not needs or not driver:
         return
-    cuda = (int(match.group(1)), int(match.group(2)))
+    cuda, what = max(needs)
     older = [version for version in CUDA_MINIMUM_DRIVER if version <= cuda]
     if not older:
         return
     minimum = CUDA_MINIMUM_DRIVER[max(older)]
     if _version(driver) < _version(minimum):
         raise ConfigError(
-            f"environments.{env}: its image's base has CUDA {cuda[0]}.{cuda[1]} "
-            f"({base_image.split('@')[0]}), which needs an NVIDIA driver >= {minimum}; this "
-            f"node's driver is {driver}: set environments.{env}.base_image to an older CUDA "
-            "base, or run on a node with a newer driver"
+            f"environments.{env}: {what} CUDA {cuda[0]}.{cuda[1]}, which needs an NVIDIA driver "
+            f">= {minimum}; this node's driver is {driver}: set environments.{env}.base_image "
+            "to an older CUDA base (or lock wheels of an older CUDA), or run on a node with a "
+            "newer driver"
         )
+
+
+def _base_cuda(base_image: str) -> tuple[tuple[int, int], str] | None:
+    match = CUDA_IN_BASE.search(base_image)
+    if not match:
+        return None
+    cuda = (int(match.group(1)), int(match.group(2)))
+    return cuda, f"its image's base ({base_image.split('@')[0]}) has"
+
+
+def _lock_cuda(lock: str) -> tuple[tuple[int, int], str] | None:
+    match = CUDA_IN_LOCK.search(lock)
+    if not match:
+        return None
+    cuda = (int(match.group(1)), int(match.group(2)))
+    return cuda, f"its lock's wheels ({match.group(0)}) bring"
 
 
 def _version(text: str) -> tuple[int, ...]:

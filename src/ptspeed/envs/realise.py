@@ -169,11 +169,15 @@ class Realisation:
         return [notice for notice in notices if notice]
 
     def check_driver(self, used: Iterable[str], driver: str) -> None:
-        """Refuse a sif whose CUDA base is newer than this node's ``driver``, of the
-        environments ``used`` by the matrix's cells; raises ConfigError."""
+        """Refuse a sif whose CUDA (its base's, or its lock's wheels') is newer than this
+        node's ``driver``, of the environments ``used`` by the matrix's cells; raises
+        ConfigError."""
         for env in sorted(set(used) & set(self.sif_environments())):
-            base = self.environments[env].get("base_image") or default_base_image(self.project)
-            check_driver(env, base, driver)
+            spec = self.environments[env]
+            base = spec.get("base_image") or default_base_image(self.project)
+            lock = self.workdir / spec["requirements"] if spec.get("requirements") else None
+            text = lock.read_text(encoding="utf-8") if lock and lock.is_file() else ""
+            check_driver(env, base, driver, text)
 
 
 @dataclass(frozen=True)
