@@ -8,7 +8,9 @@ Each path is one real cell (``python -m ptspeed cell``, its own process under th
 in the host interpreter and in every venv of the default config already built in its
 environment cache; nothing is built or downloaded. A path's expected status is ``ok`` unless
 the cell's own rules say the torch version or the device cannot run it (``unsupported``), or
-the path is meant to fail (a real out-of-memory, an injected wrong gradient). Each
+the path is meant to fail (a real out-of-memory, an injected wrong gradient). Run inside an
+Apptainer image on a GPU (``apptainer exec --nv IMAGE python3 scripts/gpu_check.py``), it first
+checks that Triton can link against the driver Apptainer bound. Each
 environment's train-mode paths then get aggregation's late numerics check against its eager
 path (the loss at eager's last step: a CUDA graph's replayed steps, TorchScript's longer
 warm-up); a failed one makes the path a ``numerics_mismatch``. The check needs pandas, and is
@@ -24,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +36,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from ptspeed.cell import hostenv  # noqa: E402
 from ptspeed.cell.arguments import to_arguments  # noqa: E402
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason  # noqa: E402
 from ptspeed.cell.record import CellSpec, read_record  # noqa: E402
@@ -222,6 +226,24 @@ def check_late_losses(outcomes: list[Outcome]) -> None:
             outcome.status, outcome.reason = row["status"], row["reason"]
 
 
+def check_in_image(
+    device: str, driver_libs: Path = hostenv.APPTAINER_DRIVER_LIBS
+) -> Outcome | None:
+    """Inside an Apptainer image on a GPU (APPTAINER_CONTAINER set): the driver that --nv bound
+    is linkable with -lcuda as Triton 2.0 links its launcher, under the variables the cells'
+    workers get (ptspeed.cell.hostenv); None elsewhere."""
+    if device != "cuda" or not os.environ.get("APPTAINER_CONTAINER"):
+        return None
+    started = time.monotonic()
+    variables = hostenv.triton_libcuda(driver_libs)
+    problem = f"no libcuda.so* in {driver_libs}: run the image with --nv"
+    if variables:
+        with tempfile.TemporaryDirectory() as scratch:
+            problem = hostenv.link_against_libcuda(Path(scratch), {**os.environ, **variables})
+    return Outcome("image", "", "triton: link -lcuda", "", "ok", "failed" if problem else "ok",
+                   problem, time.monotonic() - started, None, "", "")  # fmt: skip
+
+
 def print_table(outcomes: list[Outcome]) -> None:
     header = (
         f"{'env':<11} {'torch':<13} {'path':<26} {'status':<18} {'expected':<18} {'s':>5}  "
@@ -257,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: paths: {error}")
         return 2
-    outcomes = []
+    in_image = check_in_image(args.device)
+    outcomes = [in_image] if in_image else []
     for env in wanted:
         if env not in found:
             print(f"error: envs: {env!r} is not built (present: {', '.join(found)})")

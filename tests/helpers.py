@@ -637,3 +637,23 @@ def host_ca_bundle() -> str:
         if candidate and Path(candidate).is_file():
             return str(Path(candidate).resolve())
     return ""
+
+
+# --- a driver for Triton to link against ---
+
+
+def fake_libcuda(directory: Path) -> Path:
+    """``directory`` holding a libcuda.so.1 (with its soname) alone, as `apptainer exec --nv`
+    may bind the driver: something to link ``-lcuda`` against. Skips without a C compiler."""
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("needs a C compiler")
+    directory.mkdir(parents=True)
+    source = directory.parent / "cuda.c"
+    source.write_text("int cuInit(unsigned int flags) { return (int)flags; }\n")
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", str(source), "-o",
+         str(directory / "libcuda.so.1")],
+        check=True,
+    )  # fmt: skip
+    return directory

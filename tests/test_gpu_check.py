@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from helpers import ROOT, make_record, with_sources
+from helpers import ROOT, fake_libcuda, make_record, with_sources
 
 from ptspeed.cell.record import write_record
 
@@ -125,3 +126,20 @@ def test_its_cpu_half_ends_each_kind_of_path_as_expected(tmp_path: Path) -> None
         "gate: wrong gradients": ("numerics_mismatch", ""),
         "gate: skipped step": ("numerics_mismatch", ""),
     }
+
+
+def test_inside_an_image_on_a_gpu_the_driver_must_link_for_triton(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only inside Apptainer on CUDA; without --nv (no driver bound) the check fails, saying
+    so; a bound driver (here one made for the test) that links passes."""
+    assert gpu_check.check_in_image("cuda") is None or "APPTAINER_CONTAINER" in os.environ
+    monkeypatch.setenv("APPTAINER_CONTAINER", "/images/torch-2.0.sif")
+    assert gpu_check.check_in_image("cpu") is None
+    unbound = gpu_check.check_in_image("cuda", tmp_path / "absent")
+    assert unbound.status == "failed" and not unbound.as_expected
+    assert "run the image with --nv" in unbound.reason
+    driver = fake_libcuda(tmp_path / "libs")
+    monkeypatch.setattr(gpu_check.tempfile, "gettempdir", lambda: str(tmp_path))
+    bound = gpu_check.check_in_image("cuda", driver)
+    assert bound.status == "ok" and bound.as_expected, bound.reason

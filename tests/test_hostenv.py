@@ -5,12 +5,10 @@ made linkable for Triton."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import TINY_CELL, ptspeed, read_valid_record
+from helpers import TINY_CELL, fake_libcuda, ptspeed, read_valid_record
 
 from ptspeed.cell import hostenv
 
@@ -52,38 +50,13 @@ def test_a_cell_records_what_its_worker_started_without(tmp_path: Path) -> None:
     assert record.provenance.kept_host_variables == {"NCCL_DEBUG": "WARN"}
 
 
-def fake_driver(directory: Path) -> Path:
-    """A libcuda.so.1 (with its soname) alone, as `apptainer exec --nv` may bind it."""
-    directory.mkdir()
-    source = directory.parent / "cuda.c"
-    source.write_text("int cuInit(unsigned int flags) { return (int)flags; }\n")
-    subprocess.run(
-        ["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", str(source), "-o",
-         str(directory / "libcuda.so.1")],
-        check=True,
-    )  # fmt: skip
-    return directory
-
-
-def link_like_triton_2_0(directory: Path, environ: dict[str, str]) -> subprocess.CompletedProcess:
-    """What Triton 2.0 runs to build its launcher: `cc ... -lcuda` (plus -L of what `whereis
-    libcuda.so` finds: nothing in an Apptainer container)."""
-    source = directory / "launcher.c"
-    source.write_text("int cuInit(unsigned int); int launch(void) { return cuInit(0); }\n")
-    command = ["cc", str(source), "-shared", "-fPIC", "-lcuda", "-o", str(directory / "l.so")]
-    return subprocess.run(command, env=environ, capture_output=True, text=True, check=False)
-
-
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_tritons_libcuda_link_finds_the_driver_apptainer_bound(tmp_path: Path) -> None:
-    driver = fake_driver(tmp_path / "singularity-libs")
+    driver = fake_libcuda(tmp_path / "singularity-libs")
     plain = {"PATH": "/usr/bin:/bin"}
-    failed = link_like_triton_2_0(tmp_path, plain)
-    assert failed.returncode != 0 and "cannot find -lcuda" in failed.stderr
+    assert "cannot find -lcuda" in hostenv.link_against_libcuda(tmp_path, plain)
     variables = hostenv.triton_libcuda(driver, link_dir=tmp_path / "links")
     assert variables["TRITON_LIBCUDA_PATH"] == variables["LIBRARY_PATH"]
-    linked = link_like_triton_2_0(tmp_path, plain | variables)
-    assert linked.returncode == 0, linked.stderr
+    assert hostenv.link_against_libcuda(tmp_path, plain | variables) == ""
     # A second cell on the node (or another driver's path) replaces the link atomically.
     assert hostenv.triton_libcuda(driver, link_dir=tmp_path / "links") == variables
     assert hostenv.triton_libcuda(tmp_path / "absent") == {}

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -86,3 +88,17 @@ def triton_libcuda(
     partial.symlink_to(found[0])
     partial.replace(directory / "libcuda.so")  # atomic: cells starting together agree
     return {"LIBRARY_PATH": str(directory), "TRITON_LIBCUDA_PATH": str(directory)}
+
+
+def link_against_libcuda(directory: Path, environ: Mapping[str, str]) -> str:
+    """Link a shared object with ``-lcuda`` as Triton 2.0 builds its launcher (the system's C
+    compiler, no -L of its own: ``whereis`` finds nothing in a container), in ``directory``
+    and under ``environ``; '' when it links, else the compiler's complaint."""
+    compiler = shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
+    if compiler is None:
+        return "no C compiler (gcc, cc or clang) on PATH"
+    source = directory / "launcher.c"
+    source.write_text("int cuInit(unsigned int); int launch(void) { return cuInit(0); }\n")
+    command = [compiler, str(source), "-shared", "-fPIC", "-lcuda", "-o", str(directory / "l.so")]
+    done = subprocess.run(command, env=dict(environ), capture_output=True, text=True, check=False)
+    return "" if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
