@@ -171,24 +171,26 @@ def test_an_own_cpu_time_past_what_the_cpus_give_is_clamped_and_not_trusted(
     ) in measured.not_readable
 
 
+@pytest.mark.parametrize(
+    ("busy_s", "own_s", "kept_own_s", "other_s", "note"),
+    [
+        (0.1, 0.3, 0.1, None, "own CPU time 0.30 s exceeds the 0.10 s its CPUs were busy: "
+         "not trusted"),
+        (0.2, 0.21, 0.21, -0.01, ""),  # within a tick's rounding: trusted
+    ],
+)  # fmt: skip
 def test_an_own_cpu_time_past_the_cpus_busy_time_is_clamped_and_not_trusted(
     monkeypatch: pytest.MonkeyPatch,
+    busy_s: float,
+    own_s: float,
+    kept_own_s: float,
+    other_s: float | None,
+    note: str,
 ) -> None:
-    measured = injected_window(monkeypatch, 0.32, busy_s=0.1, own_s=0.3)
-    assert measured.own_cpu_s == pytest.approx(0.1)
-    assert measured.other_cpu_s is None
-    assert (
-        "own CPU time 0.30 s exceeds the 0.10 s its CPUs were busy: not trusted"
-    ) in measured.not_readable
-
-
-def test_an_own_cpu_time_within_a_ticks_rounding_is_trusted(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    measured = injected_window(monkeypatch, 0.32, busy_s=0.2, own_s=0.21)
-    assert measured.own_cpu_s == pytest.approx(0.21)
-    assert measured.other_cpu_s == pytest.approx(-0.01)
-    assert "not trusted" not in measured.not_readable
+    measured = injected_window(monkeypatch, 0.32, busy_s=busy_s, own_s=own_s)
+    assert measured.own_cpu_s == pytest.approx(kept_own_s)
+    assert measured.other_cpu_s == (None if other_s is None else pytest.approx(other_s))
+    assert (note in measured.not_readable) if note else "not trusted" not in measured.not_readable
 
 
 # --- the judgement -------------------------------------------------------------------------------
