@@ -178,6 +178,7 @@ def test_gpu_environment_pins_a_cuda_cell(tmp_path: Path, monkeypatch: pytest.Mo
         assert pinned_by_hand == {}
     with gpu_environment("cuda", 2, wait_s=0) as env:
         assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # the order nvidia-smi numbers them in
         assert env["PTSPEED_GPU_ASSIGNMENT"].startswith("claimed [0,1] of 2 GPU(s)")
     monkeypatch.delenv("PTSPEED_GPU_COUNT")
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi

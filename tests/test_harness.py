@@ -21,6 +21,7 @@ from helpers import (
     tiny_cell,
 )
 
+from ptspeed.cell import timing
 from ptspeed.cell.harness import GATE_IN_FIRST_TRIAL, run_cell
 from ptspeed.cell.record import Record
 from ptspeed.models import REGISTRY
@@ -265,3 +266,20 @@ def test_bad_knobs_in_process_are_a_failed_record_not_a_crash() -> None:
     record = run_cell(dataclasses.replace(tiny_cell("mlp"), knobs="turbo"))
     assert record.status == "failed"
     assert "knobs: unknown knob 'turbo'" in record.reason
+
+
+@pytest.mark.parametrize(("mode", "copies"), [("train", 1), ("infer", 0)])
+def test_only_train_mode_keeps_an_output_of_the_window(
+    mode: str, copies: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variant whose warm-up outran eager's (here by its numerics steps) reaches eager's
+    last step inside its window: train mode keeps that step's loss for the late check; infer
+    mode has no late check and copies nothing there (a GPT-2 logits copy is 1.6 GB of peak
+    memory at batch 64)."""
+    made = []
+    real_copy = timing._copy
+    monkeypatch.setattr(timing, "_copy", lambda output: made.append(1) or real_copy(output))
+    spec = tiny_cell("mlp", "loader=0", mode, warmup_steps=1, numerics_steps=3, measured_steps=4)
+    record = run_cell(spec)
+    assert record.status == "ok", record.reason
+    assert len(made) == copies

@@ -144,11 +144,16 @@ def test_a_non_finite_loss_is_shown_as_non_finite_and_fails() -> None:
     assert "non-finite" in numerics.mismatch_reason(check)
 
 
-def test_an_output_is_compared_on_a_bounded_sample() -> None:
-    logits = torch.randn(64, 128, 500)
+@pytest.mark.parametrize(
+    "shape",
+    [(64, 128, 500), (19_298_688,)],  # the second: an fp32 linspace's last index is numel()
+)
+def test_an_output_is_compared_on_a_bounded_sample(shape: tuple[int, ...]) -> None:
+    logits = torch.arange(math.prod(shape), dtype=torch.float64).reshape(shape)
     sample = reference.output_sample(logits)
     assert sample.numel() == reference.OUTPUT_SAMPLE_ELEMENTS and sample.dtype == torch.float64
-    assert sample[0] == logits.reshape(-1)[0] and sample[-1] == logits.reshape(-1)[-1]
+    assert sample[0] == 0 and sample[-1] == logits.numel() - 1
+    assert bool((sample[1:] > sample[:-1]).all())  # evenly strided, in order
 
 
 # --- a reference that cannot run never costs the measured result --------------------------
@@ -210,13 +215,20 @@ def test_the_device_starts_before_the_first_step_and_flops_are_counted_after(
     assert order == ["start", "steady", "steady", "flops"]
 
 
-def test_a_cuda_device_always_has_its_index(monkeypatch: pytest.MonkeyPatch) -> None:
-    # set_per_process_memory_fraction refuses torch.device("cuda"): memfrac needs the index.
+def test_a_cuda_device_always_has_its_index_and_is_made_current(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """set_per_process_memory_fraction refuses torch.device("cuda"): memfrac needs the index;
+    and cuda:N is made the current device, where events, streams and graph captures go."""
+    made_current: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
     assert resolve_device("auto") == torch.device("cuda", 3)
     assert resolve_device("cuda") == torch.device("cuda", 3)
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert made_current == [torch.device("cuda", i) for i in (3, 3, 1)]
+    assert resolve_device("cpu") == torch.device("cpu") and len(made_current) == 3
 
 
 # --- the compiler cache: cold in the first trial, warm in the others ----------------------

@@ -64,8 +64,13 @@ def resolve_device(requested: str) -> torch.device:
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise Unsupported("device cuda requested but torch sees no CUDA device")
     device = torch.device(requested)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cuda":
+        return device
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    # The current device is where CUDA events, streams, graph captures and new tensors without
+    # a device go: cuda:N must be it, or per-step times are read on device 0's idle stream.
+    torch.cuda.set_device(device)
     return device
 
 

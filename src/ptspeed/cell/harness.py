@@ -245,7 +245,9 @@ def _measure_variant(
             return run_step(next(indices))
         return step(next_batch())  # nothing else on the timed path of a real cell
 
-    late_position = plan.late_index - warmup.steps_run
+    # Only train mode's late check reads a kept output: an infer cell keeps none, whose copy
+    # (a whole output, inside the window) would count in its peak memory.
+    late_position = plan.late_index - warmup.steps_run if spec.mode == "train" else -1
     with noisy_neighbours() if fault == NEIGHBOUR else contextlib.nullcontext():
         window = conditions.begin(device)  # samples outside the timed loop, at both ends
         timer = make_timer(torch, device)

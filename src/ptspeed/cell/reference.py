@@ -91,8 +91,11 @@ def output_sample(output: Any) -> torch.Tensor | None:
         return None
     flat = output.detach().reshape(-1)
     if flat.numel() > OUTPUT_SAMPLE_ELEMENTS:
-        index = torch.linspace(0, flat.numel() - 1, OUTPUT_SAMPLE_ELEMENTS, device=flat.device)
-        flat = flat[index.long()]
+        # Integer positions: an fp32 linspace rounds its last one up to numel() past 2**24
+        # elements (a device-side assert on CUDA).
+        steps = torch.arange(OUTPUT_SAMPLE_ELEMENTS, device=flat.device, dtype=torch.int64)
+        last = OUTPUT_SAMPLE_ELEMENTS - 1
+        flat = flat[torch.div(steps * (flat.numel() - 1), last, rounding_mode="floor")]
     return flat.double().cpu()
 
 

@@ -43,6 +43,7 @@ from ptspeed.errors import ConfigError, GpuRequestError
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
 COUNT_VARIABLE = "PTSPEED_GPU_COUNT"
 LOCK_DIR_VARIABLE = "PTSPEED_GPU_LOCK_DIR"
+DEVICE_ORDER_VARIABLE = "CUDA_DEVICE_ORDER"
 # What the worker puts in its record (Provenance.gpu_assignment).
 ASSIGNMENT_VARIABLE = "PTSPEED_GPU_ASSIGNMENT"
 POLL_INTERVAL_S = 0.2
@@ -211,6 +212,9 @@ def gpu_environment(device: str, count: int, wait_s: float) -> Iterator[dict[str
         return
     with claim_gpus(count, wait_s, pool) as claim:
         yield {
+            # CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi and SLURM by
+            # PCI bus: without this, the claimed index names another GPU on mixed nodes.
+            DEVICE_ORDER_VARIABLE: "PCI_BUS_ID",
             VISIBLE_DEVICES_VARIABLE: claim.visible_devices,
             ASSIGNMENT_VARIABLE: claim.describe(),
         }

@@ -14,7 +14,9 @@ The cell's record is made from the ranks' outcomes.
 from __future__ import annotations
 
 import json
+import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -99,7 +101,7 @@ def _run_worker(
             env=_worker_env(extra_env),
         )
         try:
-            process.wait(timeout=spec.timeout_s)
+            wait_blocking(process, spec.timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(process)
             return None, True
@@ -109,6 +111,24 @@ def _run_worker(
         finally:
             _relay(stderr_path)
     return process.returncode, False
+
+
+def wait_blocking(process: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """``process.wait(timeout_s)`` asleep until the process ends: Popen.wait with a timeout
+    polls (sleeps of up to 50 ms, about 2 % of a core beside the measured cell); a pidfd
+    wakes the watchdog once. Raises subprocess.TimeoutExpired as Popen.wait does."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # before Linux 5.3 or Python 3.9
+        return process.wait(timeout=timeout_s)
+    try:
+        ready = select.poll()
+        ready.register(pidfd, select.POLLIN)
+        if not ready.poll(max(0, math.ceil(timeout_s * 1000))):
+            raise subprocess.TimeoutExpired(process.args, timeout_s)
+    finally:
+        os.close(pidfd)
+    return process.wait()
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
