@@ -23,6 +23,7 @@ from helpers import benchmark_python, with_sources
 
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import Rank
+from ptspeed.cell.faults import SLOW_SAMPLING_S
 from ptspeed.cell.harness import run_cell
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec, Record
@@ -449,3 +450,18 @@ def test_ddp_with_two_processes_under_torch_1_13(tmp_path: Path) -> None:
     record, _ = run_job(spec, tmp_path, python=benchmark_python("torch-1.13"))
     assert record.provenance.torch.startswith("1.13.1")
     assert_global_throughput(record, spec)
+
+
+@pytest.mark.slow
+def test_one_ranks_slow_sampling_does_not_reach_the_clocks(tmp_path: Path) -> None:
+    """The last rank samples the node a second longer before its window (nvidia-smi can): the
+    ranks' clocks start together after every rank has sampled, so neither the slowest rank's
+    wall (the throughput's) nor the early rank's first measured step grows by it."""
+    fields = {"batch_size": 64, "measured_steps": 20}
+    quiet, _ = run_job(cell("ddp", **fields), tmp_path)
+    slowed, _ = run_job(cell("ddp", fault="rank-slow-sampling", **fields), tmp_path)
+    for record in (quiet, slowed):
+        assert record.status == "ok", f"{record.reason}\n{record.detail}"
+    assert slowed.cell.fault == "rank-slow-sampling"
+    assert slowed.metrics.measured_wall_s < quiet.metrics.measured_wall_s + SLOW_SAMPLING_S / 2
+    assert slowed.metrics.step_times_s[0] < SLOW_SAMPLING_S / 2

@@ -26,9 +26,11 @@ FAULTS = (
     "oom-once",
     "rank-error",
     "rank-crash",
+    "rank-slow-sampling",
     "neighbour",
 )
-RANK_FAULTS = ("rank-error", "rank-crash")  # the last rank of a ddp/fsdp cell raises or dies
+# The last rank of a ddp/fsdp cell raises, dies, or samples the node slowly.
+RANK_FAULTS = ("rank-error", "rank-crash", "rank-slow-sampling")
 MAX_STEPS = 100_000
 
 

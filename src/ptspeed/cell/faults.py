@@ -15,9 +15,11 @@ first step), ``hang``, ``crash`` (the worker kills itself), ``numerics`` (a wron
 step), ``grad`` (gradients doubled after every backward pass), ``skip-step`` (the first optimizer
 step skipped), ``late`` (a wrong output only after the checked steps, for the aggregation's check
 of the last loss), ``oom-once``: out of memory in the first attempt only, so that a retry at
-half the batch size (``--oom-retry``) succeeds, and ``neighbour``: a noisy neighbour, processes
+half the batch size (``--oom-retry``) succeeds, ``neighbour``: a noisy neighbour, processes
 spinning on every CPU of the node through the measured window (:func:`noisy_neighbours`), so
-that the trial is really perturbed.
+that the trial is really perturbed, and ``rank-slow-sampling``: the last rank of a ddp/fsdp
+cell takes a second longer to sample the node before its window (as ``nvidia-smi`` can), which
+must not reach any rank's clock.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from ptspeed.errors import BadInput
 FAULTS_VARIABLE = "PTSPEED_FAULTS"
 OOM_ONCE = "oom-once"
 NEIGHBOUR = "neighbour"
+SLOW_SAMPLING = "slow-sampling"  # what rank-slow-sampling gives the last rank
+SLOW_SAMPLING_S = 1.0
 # Spinning processes per CPU of a noisy neighbour: enough to take most of each CPU from a cell.
 NEIGHBOURS_PER_CPU = 8
 SPIN = "while True: pass"

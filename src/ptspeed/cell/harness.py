@@ -33,7 +33,7 @@ from ptspeed.cell.device import (
     torch_version,
     use_compiler_cache,
 )
-from ptspeed.cell.faults import NEIGHBOUR, noisy_neighbours
+from ptspeed.cell.faults import NEIGHBOUR, SLOW_SAMPLING, SLOW_SAMPLING_S, noisy_neighbours
 from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_reason
 from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
@@ -236,7 +236,7 @@ def _measure_variant(
 
     timer = make_timer(torch, device)
     placement.barrier()
-    warmup = warm_up(plan, run_step, capture, timer, fault)
+    warmup = warm_up(plan, run_step, capture, timer, fault, placement.barrier)
     placement.barrier()
     indices = iter(range(warmup.steps_run, warmup.steps_run + spec.measured_steps + 1))
 
@@ -249,7 +249,12 @@ def _measure_variant(
     # (a whole output, inside the window) would count in its peak memory.
     late_position = plan.late_index - warmup.steps_run if spec.mode == "train" else -1
     with noisy_neighbours() if fault == NEIGHBOUR else contextlib.nullcontext():
+        if fault == SLOW_SAMPLING:
+            time.sleep(SLOW_SAMPLING_S)
         window = conditions.begin(device)  # samples outside the timed loop, at both ends
+        # Every rank has sampled (a /proc scan, nvidia-smi: up to a second, unequal): the
+        # clocks start together, or the early ranks' first step would wait out the others.
+        placement.barrier()
         timer = make_timer(torch, device)
         timing, last_output, late_output = timed_loop(
             timer, measured_step, spec.measured_steps, keep=late_position

@@ -71,9 +71,12 @@ def warm_up(
     capture: CheckCapture,
     timer: CpuTimer,
     fault: str,
+    barrier: Callable[[], None] = lambda: None,
 ) -> Warmup:
     """Run the warm-up: the first step timed on its own, the check steps captured, and extra
-    steps while compilation goes on (a recompilation) or GradScaler skipped a check step."""
+    steps while compilation goes on (a recompilation) or GradScaler skipped a check step.
+    ``barrier`` (the ranks') comes between the first step's snapshot, which one rank may take
+    alone, and its clock."""
     checks: list[tuple[Snapshot, numerics.StepValues]] = []
     check_until, planned = plan.checked_until, plan.planned
     last_compiling, index, first_step_s, first_loss, late_loss = -1, 0, 0.0, None, None
@@ -81,6 +84,7 @@ def warm_up(
         snapshot = capture.before() if plan.check_from <= index < check_until else None
         events = compile_events()
         if index == 0:
+            barrier()
             timer.begin()
             _inject_fault(fault)
         output = run_step(index)
