@@ -11,8 +11,8 @@ so a changed threshold re-judges old records without rerunning. A trial is pertu
   background); windows shorter than ``min_window_s``, which /proc/stat's 10 ms ticks cannot
   resolve, are not judged by CPU, nor trials without ``other_cpu_s`` (also where the cell
   did not trust its own CPU time: see ``not_readable``);
-* the highest CPU clock (cpufreq) or GPU SM clock seen at the window's start and end was below
-  ``min_clock_fraction`` of its maximum;
+* the highest CPU clock (cpufreq) seen at the window's start and end, or the GPU's median SM
+  clock over the samples taken in the window, was below ``min_clock_fraction`` of its maximum;
 * a GPU throttle reason of ``throttle_reasons`` was active; or
 * more than ``max_other_gpu_processes`` processes that are not the cell's used its GPU.
 
@@ -39,7 +39,7 @@ CONDITION_COLUMNS = [f.name for f in dataclasses.fields(Conditions)]
 CONDITION_TEXT_COLUMNS = [
     f.name for f in dataclasses.fields(Conditions) if f.type in ("str", "Optional[str]")
 ]
-CONDITION_INT_COLUMNS = ["affinity_cpus", "node_cpus", "gpu_other_processes"]
+CONDITION_INT_COLUMNS = ["affinity_cpus", "node_cpus", "gpu_samples", "gpu_other_processes"]
 JUDGEMENT_COLUMNS = ["perturbed", "perturbed_reason"]
 # A run where more than this share of the judged trials was perturbed says so at the top.
 MOSTLY = 0.5
@@ -134,8 +134,13 @@ def _cpu_clock(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
 
 
 def _gpu_clock(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    """The median SM clock over the window's samples (NVML); records from before, or from
+    nvidia-smi's two idle snapshots, have only the higher of those."""
     fraction = thresholds["min_clock_fraction"]
-    return _clock_reason("GPU SM", row.get("gpu_sm_mhz_max"), row.get("gpu_sm_mhz_limit"), fraction)
+    clock = row.get("gpu_sm_mhz_median")
+    if clock is None or pd.isna(clock):
+        clock = row.get("gpu_sm_mhz_max")
+    return _clock_reason("GPU SM", clock, row.get("gpu_sm_mhz_limit"), fraction)
 
 
 def _throttled(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:

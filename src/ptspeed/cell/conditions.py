@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ptspeed.cell import telemetry
 from ptspeed.cell.provenance import smi_id
 from ptspeed.cell.record import Conditions
+from ptspeed.cell.telemetry import THROTTLE_REASONS
 
 PROC = Path("/proc")
 CPUFREQ = "/sys/devices/system/cpu/cpu{}/cpufreq/{}"
 KHZ_PER_MHZ = 1000.0
-MILLIWATTS_PER_WATT = 1000.0
 # /proc/stat's columns after the CPU name: user nice system idle iowait irq softirq steal
 # (guest and guest_nice are already inside user and nice).
 _IDLE_COLUMNS = (3, 4)
@@ -55,27 +56,11 @@ _PARENT_FIELD, _SESSION_FIELD, _TIMES_FIELDS, _START_TIME_FIELD = 1, 3, slice(11
 # both ends of the window: the own CPU time is trusted up to this many ticks past its bounds
 # per CPU and per process that ran.
 _ROUNDING_TICKS = 2
-# NVML's throttle reasons (nvmlClocksThrottleReason*) and nvidia-smi's names for them; the
-# idle reason is left out (an idle GPU at the window's end is not a perturbation).
-THROTTLE_REASONS = {
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-SMI_THROTTLE_PREFIX = "clocks_throttle_reasons."
-SMI_FIELDS = (
-    "clocks.sm",
-    "clocks.max.sm",
-    "temperature.gpu",
-    "power.draw",
-    "power.limit",
-    *(SMI_THROTTLE_PREFIX + name for name in THROTTLE_REASONS.values()),
-)
+# nvidia-smi's throttle-reason fields: named clocks_event_reasons.* by newer drivers,
+# clocks_throttle_reasons.* by older ones; a field the driver does not know fails the query.
+SMI_REASON_FAMILIES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
+SMI_REASONS = tuple(n for n in THROTTLE_REASONS.values() if n != "display_clock_setting")
+SMI_FIELDS = ("clocks.sm", "clocks.max.sm", "temperature.gpu", "power.draw", "power.limit")
 SMI_TIMEOUT_S = 10
 
 
@@ -124,24 +109,38 @@ class Window:
     start: _Sample
     cost_s: float
     unavailable: dict[str, None] = field(default_factory=dict)
+    sampler: telemetry.GpuSampler | None = None
+    rapl: telemetry.RaplReading | None = None
 
     def end(self) -> Conditions:
         begun = time.perf_counter()
-        stop = _sample(self.cpus, self.gpu_index, self.unavailable, start=False)
+        snapshot_gpu = self.gpu_index if self.sampler is None else None
+        stop = _sample(self.cpus, snapshot_gpu, self.unavailable, start=False)
+        rapl = telemetry.read_rapl() if self.rapl is not None else None
+        gpu = self.sampler.stop() if self.sampler is not None else None
         conditions = _compare(self, stop)
+        if gpu is not None:
+            _note_telemetry(conditions, gpu)
+        _note_energy(conditions, gpu, self.rapl, rapl)
         conditions.sampling_s = self.cost_s + time.perf_counter() - begun
         return conditions
 
 
 def begin(device: Any) -> Window:
-    """Sample the node before a measured window on ``device`` (a torch.device)."""
+    """Sample the node before a measured window on ``device`` (a torch.device): on CUDA a
+    thread samples the GPU through NVML until :meth:`Window.end` (nvidia-smi at both ends where
+    NVML cannot be opened); on the CPU the packages' energy counters are read."""
     begun = time.perf_counter()
     cpus = sorted(os.sched_getaffinity(0))
     gpu_index = device.index if getattr(device, "type", "") == "cuda" else None
     unavailable: dict[str, None] = {}
-    start = _sample(cpus, gpu_index, unavailable, start=True)
+    sampler = _gpu_sampler(gpu_index, unavailable) if gpu_index is not None else None
+    snapshot_gpu = gpu_index if sampler is None else None
+    start = _sample(cpus, snapshot_gpu, unavailable, start=True)
+    rapl = telemetry.read_rapl() if gpu_index is None else None
     session = os.getsid(0)
-    return Window(cpus, gpu_index, session, start, time.perf_counter() - begun, unavailable)
+    cost_s = time.perf_counter() - begun
+    return Window(cpus, gpu_index, session, start, cost_s, unavailable, sampler, rapl)
 
 
 def _sample(cpus: list[int], gpu: int | None, unavailable: dict[str, None], start: bool) -> _Sample:
@@ -353,48 +352,66 @@ def _governors(cpus: list[int]) -> str | None:
 # --- the GPU ---------------------------------------------------------------------------------
 
 
+def _gpu_sampler(index: int, unavailable: dict[str, None]) -> telemetry.GpuSampler | None:
+    """A started sampler of torch's GPU ``index``; None, saying why, where NVML cannot open."""
+    try:
+        sampler = telemetry.GpuSampler(telemetry.Nvml.open(smi_id(index)))
+    except telemetry.NvmlError as error:
+        unavailable[f"NVML ({error}): GPU state from nvidia-smi at the window's ends"] = None
+        return None
+    sampler.start()
+    return sampler
+
+
 def _gpu_sample(index: int, unavailable: dict[str, None]) -> _GpuSample:
-    sample = _nvml_sample(index)
+    sample = _smi_sample(index, unavailable)
     if sample is None:
-        sample = _smi_sample(index)
-    if sample is None:
-        unavailable["GPU state (no pynvml, no nvidia-smi)"] = None
+        unavailable["GPU state (no NVML, no nvidia-smi)"] = None
         return _GpuSample()
     return sample
 
 
-def _nvml_sample(index: int) -> _GpuSample | None:
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        gpu = smi_id(index)
-        handle = (
-            pynvml.nvmlDeviceGetHandleByIndex(int(gpu))
-            if gpu.isdigit()
-            else pynvml.nvmlDeviceGetHandleByUUID(gpu)
-        )
-        return _nvml_read(pynvml, handle)
-    except Exception:  # an NVML without this query or device: fall back to nvidia-smi
-        return None
+def _note_telemetry(conditions: Conditions, gpu: telemetry.GpuTelemetry) -> None:
+    """The GPU over the window's samples: clocks, power, temperature, every throttle reason
+    seen in any sample, the most other processes; what could not be read, named."""
+    conditions.gpu_source = "nvml"
+    conditions.gpu_samples = gpu.samples
+    conditions.gpu_sm_mhz_min = min(gpu.sm_clock_mhz, default=None)
+    conditions.gpu_sm_mhz_median = gpu.median_sm_clock_mhz()
+    conditions.gpu_sm_mhz_max = max(gpu.sm_clock_mhz, default=None)
+    conditions.gpu_sm_mhz_limit = gpu.max_sm_clock_mhz
+    conditions.gpu_temperature_c_max = gpu.temperature_c_max
+    conditions.gpu_power_w_max = max(gpu.power_w, default=None)
+    conditions.gpu_power_w_mean = gpu.mean_power_w()
+    conditions.gpu_power_limit_w = gpu.power_limit_w
+    conditions.gpu_throttle_reasons = ", ".join(gpu.throttle_reasons)
+    samples = [_GpuSample(process_ids=pids) for pids in gpu.process_ids]
+    conditions.gpu_other_processes = _other_processes(samples)
+    conditions.sampler_cpu_s = gpu.sampler_cpu_s
+    unreadable = [f"GPU {what} ({why})" for what, why in gpu.unreadable.items()]
+    conditions.not_readable = "; ".join(filter(None, [conditions.not_readable, *unreadable]))
 
 
-def _nvml_read(pynvml: Any, handle: Any) -> _GpuSample:
-    sm = pynvml.NVML_CLOCK_SM
-    reasons = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
-    processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-    return _GpuSample(
-        sm_clock_mhz=float(pynvml.nvmlDeviceGetClockInfo(handle, sm)),
-        max_sm_clock_mhz=float(pynvml.nvmlDeviceGetMaxClockInfo(handle, sm)),
-        temperature_c=float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
-        power_w=pynvml.nvmlDeviceGetPowerUsage(handle) / MILLIWATTS_PER_WATT,
-        power_limit_w=pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / MILLIWATTS_PER_WATT,
-        throttle_reasons=[name for bit, name in THROTTLE_REASONS.items() if reasons & bit],
-        process_ids=[int(p.pid) for p in processes],
-        source="nvml",
-    )
+def _note_energy(
+    conditions: Conditions,
+    gpu: telemetry.GpuTelemetry | None,
+    rapl_start: telemetry.RaplReading | None,
+    rapl_stop: telemetry.RaplReading | None,
+) -> None:
+    """The window's energy: the GPU's counter on CUDA, the CPU packages' (RAPL) on the CPU;
+    else not measured, with the reason."""
+    if gpu is not None and gpu.energy_j is not None:
+        conditions.energy_j, conditions.energy_source = gpu.energy_j, "nvml"
+    elif gpu is not None:
+        conditions.energy_not_measured = gpu.unreadable.get("energy", "no energy counter")
+    elif rapl_start is not None and rapl_stop is not None:
+        joules = rapl_stop.joules_since(rapl_start)
+        if joules is None:
+            conditions.energy_not_measured = rapl_start.why_not or rapl_stop.why_not
+        else:
+            conditions.energy_j, conditions.energy_source = joules, "rapl"
+    else:
+        conditions.energy_not_measured = "no NVML on this GPU (nvidia-smi reads no energy)"
 
 
 def _smi(gpu: str, *query: str) -> list[str] | None:
@@ -411,21 +428,26 @@ def _smi(gpu: str, *query: str) -> list[str] | None:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()]
 
 
-def _smi_sample(index: int) -> _GpuSample | None:
+def _smi_sample(index: int, unavailable: dict[str, None]) -> _GpuSample | None:
+    """The GPU at one moment through nvidia-smi (no NVML): its throttle reasons under
+    whichever name the driver knows, or none, saying so."""
     gpu = smi_id(index)
-    # An nvidia-smi that lacks the throttle fields refuses the whole query: ask without them.
-    lines = _smi(gpu, f"--query-gpu={','.join(SMI_FIELDS)}") or _smi(
-        gpu, f"--query-gpu={','.join(SMI_FIELDS[:5])}"
-    )
+    for family in SMI_REASON_FAMILIES:
+        fields = [*SMI_FIELDS, *(family + reason for reason in SMI_REASONS)]
+        lines = _smi(gpu, f"--query-gpu={','.join(fields)}")
+        if lines:
+            break
+    else:
+        lines = _smi(gpu, f"--query-gpu={','.join(SMI_FIELDS)}")
+        if lines:
+            unavailable["GPU throttle reasons (nvidia-smi knows neither query)"] = None
     if not lines:
         return None
     values = [value.strip() for value in lines[0].split(",")]
-    numbers = [_number(value) for value in values[:5]]
-    active = [
-        name
-        for name, value in zip(THROTTLE_REASONS.values(), values[5:], strict=False)
-        if value.lower() == "active"
-    ]
+    numbers = [_number(value) for value in values[: len(SMI_FIELDS)]]
+    reasons = values[len(SMI_FIELDS) :]
+    states = zip(SMI_REASONS, reasons, strict=False)
+    active = [name for name, value in states if value.lower() == "active"]
     apps = _smi(gpu, "--query-compute-apps=pid")
     return _GpuSample(
         *numbers,

@@ -274,20 +274,38 @@ class Conditions:
     )
     cpu_mhz_max: Optional[float] = _doc("Highest, likewise.", None)
     cpu_mhz_limit: Optional[float] = _doc("Their maximum clock (cpuinfo_max_freq).", None)
-    gpu_source: str = _doc("'nvml' (pynvml) or 'nvidia-smi'; '' off CUDA or unreadable.", "")
-    gpu_sm_mhz_min: Optional[float] = _doc("Lowest SM clock at the two samples (CUDA).", None)
-    gpu_sm_mhz_max: Optional[float] = _doc("Highest SM clock at the two samples.", None)
+    gpu_source: str = _doc(
+        "'nvml': sampled in the window every ~50 ms through the driver's NVML; 'nvidia-smi': "
+        "where NVML could not be opened, at the window's two ends only; '' off CUDA or "
+        "unreadable.",
+        "",
+    )
+    gpu_samples: int = _doc("GPU samples taken during the window (NVML).", 0)
+    gpu_sm_mhz_min: Optional[float] = _doc("Lowest SM clock over the window's samples.", None)
+    gpu_sm_mhz_median: Optional[float] = _doc("Median SM clock over them (NVML).", None)
+    gpu_sm_mhz_max: Optional[float] = _doc("Highest SM clock over them.", None)
     gpu_sm_mhz_limit: Optional[float] = _doc("The GPU's maximum SM clock.", None)
     gpu_temperature_c_max: Optional[float] = _doc("Highest GPU temperature (°C).", None)
     gpu_power_w_max: Optional[float] = _doc("Highest power draw (W).", None)
+    gpu_power_w_mean: Optional[float] = _doc("Mean power draw over the samples (W).", None)
     gpu_power_limit_w: Optional[float] = _doc("Enforced power limit (W).", None)
     gpu_throttle_reasons: str = _doc(
-        "Clock throttle reasons active at either sample (NVML's names, idle left out), "
+        "Clock throttle (event) reasons active in any sample (NVML's names, idle left out), "
         "comma-separated.",
         "",
     )
     gpu_other_processes: Optional[int] = _doc(
         "Most compute processes on the GPU at a sample that are not the cell's.", None
+    )
+    energy_j: Optional[float] = _doc(
+        "Energy of the window (J): the GPU's total-energy counter (NVML) on CUDA, the CPU "
+        "packages' counters (RAPL) on the CPU; null when not measured.",
+        None,
+    )
+    energy_source: str = _doc("'nvml', 'rapl', or '' when not measured.", "")
+    energy_not_measured: str = _doc("Why energy_j is null ('' when measured).", "")
+    sampler_cpu_s: Optional[float] = _doc(
+        "CPU time the in-window GPU sampling thread took (its cost to the cell).", None
     )
     sampling_s: Optional[float] = _doc("What taking the two samples cost (seconds).", None)
     not_readable: str = _doc("What could not be read here, '; '-separated.", "")

@@ -1,0 +1,115 @@
+"""In-window telemetry: the GPU sampled through NVML during the window, energy from NVML's
+counter or RAPL, and what cannot be read named. NVML is a stand-in shared library with the
+driver's signatures (tests/fixtures/fake-nvml/nvml.c), loaded the way the driver's is."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, with_sources
+
+from ptspeed.cell import telemetry
+
+FAKE_NVML = ROOT / "tests/fixtures/fake-nvml/nvml.c"
+WINDOW = """
+import dataclasses, json, time, torch
+from ptspeed.cell import conditions
+window = conditions.begin(torch.device(DEVICE))
+time.sleep(0.5)
+print(json.dumps(dataclasses.asdict(window.end())))
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("needs a C compiler")
+    directory = tmp_path_factory.mktemp("driver")
+    library = directory / telemetry.NVML_LIBRARY
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(FAKE_NVML)], check=True)
+    return directory
+
+
+def window_conditions(device: str, **variables: str) -> dict:
+    """A 0.5 s window's Conditions, measured in a process of its own (the dynamic loader reads
+    LD_LIBRARY_PATH when a process starts)."""
+    code = WINDOW.replace("DEVICE", repr(device))
+    environment = {**with_sources(), **variables}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environment, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_the_gpu_is_sampled_through_the_window(fake_driver: Path) -> None:
+    measured = window_conditions("cuda:0", LD_LIBRARY_PATH=str(fake_driver))
+    assert measured["gpu_source"] == "nvml"
+    assert measured["gpu_samples"] >= 6  # every 50 ms over 0.5 s, and at both ends
+    assert (measured["gpu_sm_mhz_min"], measured["gpu_sm_mhz_max"]) == (1410.0, 1980.0)
+    assert measured["gpu_sm_mhz_median"] in (1410.0, 1695.0, 1980.0)
+    assert measured["gpu_sm_mhz_limit"] == 1980.0
+    assert measured["gpu_throttle_reasons"] == "sw_power_cap"  # seen in some samples only
+    assert measured["gpu_power_w_mean"] == 350.0 and measured["gpu_temperature_c_max"] == 61.0
+    assert measured["gpu_other_processes"] == 1  # pid 4242; the cell's own is not counted
+    assert measured["energy_source"] == "nvml"
+    assert measured["energy_j"] == pytest.approx(350 * measured["window_s"], rel=0.1, abs=1)
+    assert 0 <= measured["sampler_cpu_s"] < 0.1
+    assert "GPU" not in measured["not_readable"], measured["not_readable"]
+
+
+def test_a_gpu_without_an_energy_counter_says_so(fake_driver: Path) -> None:
+    measured = window_conditions(
+        "cuda:0", LD_LIBRARY_PATH=str(fake_driver), FAKE_NVML_NO_ENERGY="1"
+    )
+    assert measured["energy_j"] is None and measured["energy_source"] == ""
+    why = "nvmlDeviceGetTotalEnergyConsumption: NVML error 3"
+    assert measured["energy_not_measured"] == why
+    assert f"GPU energy ({why})" in measured["not_readable"]
+    assert measured["gpu_samples"] >= 6  # the rest is sampled
+
+
+def test_without_nvml_or_nvidia_smi_a_cuda_window_says_what_it_lacks(tmp_path: Path) -> None:
+    measured = window_conditions("cuda:0", PATH=str(tmp_path), LD_LIBRARY_PATH=str(tmp_path))
+    assert measured["gpu_source"] == "" and measured["gpu_samples"] == 0
+    assert f"NVML ({telemetry.NVML_LIBRARY}: " in measured["not_readable"]
+    assert "GPU state (no NVML, no nvidia-smi)" in measured["not_readable"]
+    assert measured["energy_not_measured"]
+
+
+def test_a_cpu_window_says_why_its_energy_is_not_measured() -> None:
+    measured = window_conditions("cpu")
+    if os.access("/sys/class/powercap/intel-rapl:0/energy_uj", os.R_OK):
+        assert measured["energy_source"] == "rapl" and measured["energy_j"] >= 0
+    else:
+        assert measured["energy_j"] is None
+        assert (
+            "RAPL" in measured["energy_not_measured"]
+            or "energy_uj" in (measured["energy_not_measured"])
+        )
+
+
+def rapl_zone(root: Path, name: str, energy_uj: int, wraps_at: int) -> None:
+    zone = root / name
+    zone.mkdir(parents=True, exist_ok=True)
+    (zone / "energy_uj").write_text(f"{energy_uj}\n")
+    (zone / "max_energy_range_uj").write_text(f"{wraps_at}\n")
+
+
+def test_rapl_sums_the_packages_across_a_counter_wrap(tmp_path: Path) -> None:
+    rapl_zone(tmp_path, "intel-rapl:0", 1_000_000, 10_000_000)
+    rapl_zone(tmp_path, "intel-rapl:1", 9_500_000, 10_000_000)
+    rapl_zone(tmp_path, "intel-rapl:0:0", 5, 10)  # a sub-zone (cores): inside package 0
+    before = telemetry.read_rapl(tmp_path)
+    rapl_zone(tmp_path, "intel-rapl:0", 3_000_000, 10_000_000)
+    rapl_zone(tmp_path, "intel-rapl:1", 500_000, 10_000_000)  # wrapped
+    assert telemetry.read_rapl(tmp_path).joules_since(before) == pytest.approx(2.0 + 1.0)
+    missing = telemetry.read_rapl(tmp_path / "absent")
+    assert missing.why_not.startswith("no RAPL zones in ")
+    assert missing.joules_since(before) is None
