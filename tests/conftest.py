@@ -154,6 +154,19 @@ def _fast_tier_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored() -> Iterator[None]:
+    """A cell run in this process sets torch's thread count for the whole process: what a test
+    computes must not depend on which test ran before it (a ResNet-50 step's fp32 error
+    changes with the thread count)."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and threads is not None:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def single_rank_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """torchrun's environment for one rank (ddp/fsdp/stages in this process), on a free local

@@ -46,7 +46,9 @@ def test_a_cell_records_what_its_worker_started_without(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     record = read_valid_record(out)
     assert record.status == "ok", record.reason
-    assert record.provenance.cleared_host_variables == variables
+    # Other variables of this process may be cleared too (an in-process cell of an earlier
+    # test sets TORCHINDUCTOR_CACHE_DIR): these are among them.
+    assert variables.items() <= record.provenance.cleared_host_variables.items()
     assert record.provenance.kept_host_variables == {"NCCL_DEBUG": "WARN"}
 
 

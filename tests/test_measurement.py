@@ -114,7 +114,8 @@ FAULT_FREE_CELLS = [
 def test_fault_free_cells_pass_the_gate(
     model: str, knobs: str, sizes: dict[str, int], seed: int
 ) -> None:
-    spec = tiny_cell(model, knobs, measured_steps=1, seed=seed, **sizes)
+    # Two threads, whatever the machine: fp32's error (the bound's scale) depends on the count.
+    spec = tiny_cell(model, knobs, measured_steps=1, seed=seed, threads=2, **sizes)
     record = run_cell(spec)
     assert record.status == "ok", record.reason
     assert record.numerics.compared == "loss, gradients, update"

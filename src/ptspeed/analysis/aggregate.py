@@ -37,6 +37,7 @@ import yaml
 
 from ptspeed.analysis.columns import CELL_KEYS, RUNS_COLUMNS, STEPS_COLUMNS, typed_runs, typed_steps
 from ptspeed.analysis.conditions import judge_runs
+from ptspeed.analysis.energy import JOULES_PER_SAMPLE, joules_per_sample
 from ptspeed.analysis.first_trial_gate import share_first_trial_gate
 from ptspeed.analysis.late_numerics import check_late_losses
 from ptspeed.analysis.records import read_row, step_rows
@@ -69,6 +70,7 @@ def load_tables(
         if row["status"] == "ok":
             steps.extend(step_rows(row, step_times))
     runs = typed_runs(pd.DataFrame(rows, columns=RUNS_COLUMNS))
+    runs[JOULES_PER_SAMPLE] = joules_per_sample(runs)
     read_ok = runs["status"] == "ok"
     runs = check_late_losses(share_first_trial_gate(runs))
     runs = rerun_columns(judge_runs(runs, config), config)

@@ -27,6 +27,11 @@ from ptspeed.analysis.conditions import (
     CONDITION_TEXT_COLUMNS,
     JUDGEMENT_COLUMNS,
 )
+from ptspeed.analysis.energy import (
+    JOULES_PER_SAMPLE,
+    SPEEDUP_ENERGY_COLUMNS,
+    SUMMARY_ENERGY_COLUMNS,
+)
 from ptspeed.analysis.late_numerics import GATE_LOSS_BOUND, LATE_COLUMNS
 from ptspeed.analysis.reruns import RERUN_COLUMNS
 from ptspeed.analysis.staleness import STALE
@@ -92,6 +97,7 @@ RUNS_COLUMNS = [
     "started_at",
     "duration_s",
     *CONDITION_COLUMNS,
+    JOULES_PER_SAMPLE,
     *JUDGEMENT_COLUMNS,
     *RERUN_COLUMNS,
 ]
@@ -125,6 +131,7 @@ SUMMARY_COLUMNS = [
     "compile_time_warm_s",
     "median_peak_memory_bytes",
     "memory_kind",
+    *SUMMARY_ENERGY_COLUMNS,
     *COMPILER_COLUMNS,
     "reasons",
     "retried_from_batch_size",
@@ -164,6 +171,7 @@ _SPEEDUP_COLUMN_IS_TEXT = {
     "speedup_confidence": False,
     "p_value": False,
     "significant": False,
+    **dict.fromkeys(SPEEDUP_ENERGY_COLUMNS, False),
     "claim": True,
     "published_speedup": False,
     "published_baseline": False,
@@ -218,6 +226,7 @@ _FLOAT_COLUMNS = [
     GATE_LOSS_BOUND,
     *LATE_COLUMNS[:-1],
     "duration_s",
+    JOULES_PER_SAMPLE,
     *(
         c
         for c in CONDITION_COLUMNS
@@ -239,6 +248,7 @@ SUMMARY_TEXT_COLUMNS = [
     "statuses",
     "noisy_reason",
     "memory_kind",
+    "energy_not_measured",
     COMPILER_REASONS,
     "reasons",
     "retried_from_batch_size",

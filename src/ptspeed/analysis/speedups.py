@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis import ranks, stats
+from ptspeed.analysis import energy, ranks, stats
 from ptspeed.analysis.claims import NOT_MEASURED, published_figures, verdict
 from ptspeed.analysis.columns import (
     ALPHA,
@@ -28,6 +28,7 @@ from ptspeed.analysis.columns import (
     SPEEDUP_COLUMNS,
 )
 from ptspeed.analysis.conditions import counted_in_speedups
+from ptspeed.analysis.energy import JOULES_PER_SAMPLE
 from ptspeed.analysis.late_numerics import precision_of
 from ptspeed.errors import ConfigError
 from ptspeed.plan.layout import configured_sizes
@@ -38,6 +39,7 @@ class _Side:
     """The ok trials of one cell, as a speedup reads them."""
 
     rates: list[float] = field(default_factory=list)
+    joules: list[float] = field(default_factory=list)  # per sample, of the same trials
     perturbed: int = 0  # ok trials judged perturbed (left out of rates unless kept)
     devices: dict[str, None] = field(default_factory=dict)
     precisions: dict[str, None] = field(default_factory=dict)
@@ -117,12 +119,12 @@ def _side_index(runs: pd.DataFrame, config: Mapping[str, Any]) -> dict[tuple[Any
     counted = counted_in_speedups(ok, config)
     perturbed = ok["perturbed"] if "perturbed" in ok.columns else pd.Series(False, ok.index)
     names = ["env", "variant", "model", "mode", *SIZE_KEYS, "throughput_samples_per_s"]
-    names += ["knobs", "device_name", "device_index", "numerics_precision"]
+    names += ["knobs", "device_name", "device_index", "numerics_precision", JOULES_PER_SAMPLE]
     index: dict[tuple[Any, ...], _Side] = {}
     rows = zip(ok[names].itertuples(index=False, name=None), counted, perturbed, strict=True)
     for row, is_counted, is_perturbed in rows:
         env, variant, model, mode, *sizes = row[:7]
-        rate, knobs, device_name, device_index, precision = row[7:]
+        rate, knobs, device_name, device_index, precision, joules = row[7:]
         if any(pd.isna(v) for v in sizes) or not (rate > 0 and math.isfinite(rate)):
             continue
         side = index.setdefault((env, variant, model, mode, *map(int, sizes)), _Side())
@@ -130,6 +132,7 @@ def _side_index(runs: pd.DataFrame, config: Mapping[str, Any]) -> dict[tuple[Any
         if not is_counted:
             continue
         side.rates.append(float(rate))
+        side.joules.append(float(joules) if joules and not pd.isna(joules) else math.nan)
         device_class = "cpu" if pd.isna(device_index) else "cuda"
         side.devices[_device_label(device_name, device_class)] = None
         side.precisions[precision_of(precision, knobs, device_class)] = None
@@ -235,7 +238,8 @@ def _trial_sides(
 
 
 def _interval(base: _Side | None, cand: _Side | None, medians_ratio: float) -> dict[str, Any]:
-    """The speedup of the ok trials with its interval; without trials, the ratio of medians."""
+    """The speedup of the ok trials with its interval, and their energy per sample's ratio;
+    without trials, the ratio of medians."""
     if base is None or cand is None:
         return {
             "speedup": medians_ratio,
@@ -244,8 +248,12 @@ def _interval(base: _Side | None, cand: _Side | None, medians_ratio: float) -> d
             "speedup_confidence": math.nan,
             "p_value": math.nan,
             "significant": False,
+            **energy.ratio([], [], CONFIDENCE),
         }
-    return ranks.speedup(base.rates, cand.rates, CONFIDENCE, ALPHA).columns("speedup")
+    return {
+        **ranks.speedup(base.rates, cand.rates, CONFIDENCE, ALPHA).columns("speedup"),
+        **energy.ratio(base.joules, cand.joules, CONFIDENCE),
+    }
 
 
 def _measured_on(base: _Side | None, cand: _Side | None) -> dict[str, str]:

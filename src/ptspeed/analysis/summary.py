@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ptspeed.analysis import stats
+from ptspeed.analysis import energy, stats
 from ptspeed.analysis.columns import (
     ALL_STATUSES,
     CELL_KEYS,
@@ -31,6 +31,7 @@ from ptspeed.analysis.columns import (
     UNREADABLE,
 )
 from ptspeed.analysis.conditions import perturbed_counts
+from ptspeed.analysis.energy import JOULES_PER_SAMPLE
 from ptspeed.analysis.reruns import rerun_count
 from ptspeed.analysis.staleness import STALE
 
@@ -85,6 +86,8 @@ _SUMMARY_INPUTS = [
     "perturbed",
     "perturbed_reason",
     "attempt",
+    JOULES_PER_SAMPLE,
+    "energy_not_measured",
     *COMPILER_COUNTS,
     COMPILER_REASONS,
 ]
@@ -160,6 +163,9 @@ def _cell_stats(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
         "median_first_step_s": _median_of(trials["first_step_s"][ok]),
         "median_peak_memory_bytes": _median_of(trials["peak_memory_bytes"][ok]),
         "memory_kind": ", ".join(_distinct_texts(trials["memory_kind"][ok])),
+        **energy.summarise(
+            trials[JOULES_PER_SAMPLE][ok], trials["energy_not_measured"][ok], CONFIDENCE
+        ),
         **_compiler_stats(trials, ok),
         "reasons": _joined_reasons(trials["status"][~ok], trials["reason"][~ok]),
         # Out-of-memory retries ran at half the configured batch: their own rows, labelled.

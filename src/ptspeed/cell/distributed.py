@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from ptspeed.cell.harness import SingleProcess, resolve_device, run_cell
 from ptspeed.cell.knobs import STAGED, Knobs, parse_knobs
-from ptspeed.cell.record import CellSpec, Metrics
+from ptspeed.cell.record import CellSpec, Conditions, Metrics
 from ptspeed.cell.reference import host_copy
 from ptspeed.errors import Unsupported
 from ptspeed.launch.torchrun import FINISHED, threads_per_process, write_rank_outcome
@@ -182,6 +182,26 @@ class Rank(SingleProcess):
             distributed_backend=self.backend,
             rank_measured_wall_s=walls,
         )
+
+    def combine_energy(self, conditions: Conditions) -> Conditions:
+        """Every rank measured its own GPU's (or CPU's) energy: the cell's is their sum, and
+        mean power likewise; where a rank measured none, none, saying on how many it was."""
+        mine = [conditions.energy_j or 0.0, float(conditions.energy_j is not None),
+                conditions.gpu_power_w_mean or 0.0]  # fmt: skip
+        table = torch.tensor(mine, dtype=torch.float64).to(self._collective_device)
+        dist.all_reduce(table)
+        energy_j, measured, power_w = table.tolist()
+        if conditions.gpu_power_w_mean is not None:
+            conditions.gpu_power_w_mean = power_w
+        if measured == self.world_size:
+            conditions.energy_j = energy_j
+        else:
+            conditions.energy_j, conditions.energy_source = None, ""
+            why = f"measured on {measured:.0f} of {self.world_size} ranks"
+            if conditions.energy_not_measured:
+                why += f"; this rank: {conditions.energy_not_measured}"
+            conditions.energy_not_measured = why
+        return conditions
 
     def close(self) -> None:
         if dist.is_initialized():

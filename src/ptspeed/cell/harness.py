@@ -133,6 +133,10 @@ class SingleProcess:
     def combine(self, metrics: Metrics) -> Metrics:
         return metrics
 
+    def combine_energy(self, conditions: Conditions) -> Conditions:
+        """The window's energy over every process of the cell: this one's."""
+        return conditions
+
 
 def run_cell(spec: CellSpec, placement: SingleProcess | None = None) -> Record:
     """Run ``spec`` here and return its record, whatever happens."""
@@ -288,6 +292,7 @@ def _measure_variant(
         attn_implementation=attention,
     )
     metrics = dataclasses.replace(placement.combine(metrics), **losses)
+    window_conditions = placement.combine_energy(window_conditions)
     return VariantRun(metrics, checks, plan.check_from, window_conditions)
 
 
