@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import CONFIG, make_record
+from helpers import CONFIG, make_record, read_page, render_tables
 
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.speedups import speedups
@@ -66,3 +66,25 @@ def test_without_energy_the_summary_says_why(tmp_path: Path) -> None:
     assert summary["median_joules_per_sample"].isna().all()
     assert set(summary["energy_not_measured"]) == {"no RAPL zones in /sys/class/powercap"}
     assert all(math.isnan(v) for v in compared["energy_ratio"])
+
+
+@pytest.mark.parametrize("energy", [True, False])
+def test_the_report_shows_energy_where_measured_and_why_not_elsewhere(
+    tmp_path: Path, energy: bool
+) -> None:
+    runs, summary, compared = tables(tmp_path, energy=energy)
+    out = tmp_path / "report"
+    render_tables({"runs": runs, "summary": summary, "speedups": compared}, out)
+    html = (out / "index.html").read_text()
+    page = read_page(html)
+    energy_tables = [t for t in page.tables["summary"] if t and "joules / sample" in " ".join(t[0])]
+    if energy:
+        (table,) = energy_tables
+        assert {row[-1] for row in table[1:]} == {
+            "1 J [0.95–1.05]",
+            "0.5 J [0.475–0.525]",
+        }
+        assert "×0.50 (-50%) [" in html  # the ratio beside the speedup
+    else:
+        assert not energy_tables
+        assert "Energy was not measured: no RAPL zones in /sys/class/powercap." in html

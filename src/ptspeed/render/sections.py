@@ -37,6 +37,8 @@ from ptspeed.render.tables import (
     CLAIMS_TABLE,
     COMPILED_SEED_TABLE,
     COMPILER_HEADER,
+    ENERGY_RATIO_TABLE,
+    ENERGY_TABLE,
     FAILURES_TABLE,
     NOISY_TABLE,
     PERTURBED_TABLE,
@@ -208,8 +210,41 @@ def summary_section(inputs: ReportInputs) -> Section:
             "cell (cold and warm compiler caches apart where the records say which). "
             f"{COMPILER_HEADER}: what torch.compile did, medians over the ok trials."
         ),
-        blocks=[throughput, Block(table=table)],
+        blocks=[throughput, Block(table=table), *energy_blocks(inputs)],
     )
+
+
+def energy_blocks(inputs: ReportInputs) -> list[Block]:
+    """Joules per sample where a cell measured them (NVML on CUDA, RAPL on the CPU), and each
+    comparison's energy ratio; else why energy was not measured."""
+    summary, compared = inputs.summary, inputs.speedups
+    measured = summary[summary["median_joules_per_sample"].notna()]
+    if measured.empty:
+        reasons = dict.fromkeys(
+            reason
+            for text in summary["energy_not_measured"]
+            if not is_blank(text)
+            for reason in str(text).split("; ")
+        )
+        why = "; ".join(reasons) or "no record says why"
+        return [Block(heading="Energy", note=f"Energy was not measured: {why}.")]
+    blocks = [
+        Block(
+            heading="Energy",
+            note=(
+                "Energy of each trial's measured window (the GPU's energy counter through "
+                "NVML, summed over ranks; the CPU packages' RAPL counters on the CPU) over the "
+                "samples it processed: the median over the ok trials with its interval."
+            ),
+            table=Table.of(ENERGY_TABLE, measured.to_dict("records")),
+        )
+    ]
+    ratios = compared[compared["energy_ratio"].notna()]
+    if len(ratios):
+        note = "Below ×1.00 the candidate spends less energy per sample than the baseline."
+        table = Table.of(ENERGY_RATIO_TABLE, ratios.to_dict("records"))
+        blocks.append(Block(note=note, table=table))
+    return blocks
 
 
 def timing_section(inputs: ReportInputs) -> Section:

@@ -217,6 +217,35 @@ SUMMARY_TABLE = [
     Column("peak memory", lambda row: format_mib(row["median_peak_memory_bytes"]), align="right"),
 ]
 
+# --- energy ------------------------------------------------------------------------------------
+
+
+def _joules(row: Row) -> str:
+    median, low, high = (row[k] for k in ("median_joules_per_sample", "joules_low", "joules_high"))
+    if is_blank(median):
+        return BLANK
+    interval = "no interval" if is_blank(low) else f"{float(low):.3g}–{float(high):.3g}"
+    return f"{float(median):.3g} J [{interval}]"
+
+
+def _energy_ratio(row: Row) -> str:
+    return format_speedup_interval(
+        row["energy_ratio"], row["energy_ratio_low"], row["energy_ratio_high"]
+    )
+
+
+ENERGY_TABLE = [
+    *CELL_COLUMNS,
+    Column("batch", _batch, align="right"),
+    Column("joules / sample [interval]", _joules, align="right"),
+]
+ENERGY_RATIO_TABLE = [
+    Column("comparison", text("title")),
+    Column("model", text("model")),
+    Column("speedup", _speedup, align="right"),
+    Column("energy / sample, candidate ÷ baseline", _energy_ratio, align="right"),
+]
+
 # --- failures, retried and noisy cells -----------------------------------------------------------
 
 
