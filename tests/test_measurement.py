@@ -12,16 +12,17 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import tiny_cell
+from helpers import TINY_FIELDS, tiny_cell
 
 from ptspeed.cell import device, harness, numerics, provenance, reference, warmup
 from ptspeed.cell.device import resolve_device, use_compiler_cache
-from ptspeed.cell.harness import run_cell
+from ptspeed.cell.harness import cell_precision, run_cell, runs_cudnn
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec
-from ptspeed.cell.steps import Step
+from ptspeed.cell.steps import Step, build_model
 from ptspeed.cell.warmup import WarmupPlan
 from ptspeed.errors import BadInput
+from ptspeed.models import Sizes, get_model
 
 # --- one-off work of a knob ends before the measured window -------------------------------
 
@@ -288,3 +289,31 @@ def test_an_untracked_file_makes_the_checkout_dirty(
     assert provenance.git_state()[1] is False
     (tmp_path / "new_module.py").write_text("x = 1\n")
     assert provenance.git_state()[1] is True
+
+
+@pytest.mark.parametrize(
+    ("model", "cudnn"),
+    [("mlp", False), ("gpt2-tiny", False), ("resnet50", True), ("lstm-lm", True)],
+)
+def test_fp32_on_cuda_is_tf32_only_where_the_model_runs_what_tf32_is_on_for(
+    model: str, cudnn: bool
+) -> None:
+    """cuDNN's TF32 flag is on by default, matmul's off: BERT, GPT-2, the MLP (no convolution,
+    no RNN) compute in IEEE fp32 and are judged at fp32's tolerance; ResNet-50 and the LSTM
+    in TF32."""
+    sizes = Sizes(2, **{k: v for k, v in TINY_FIELDS[model].items() if k != "measured_steps"})
+    built = build_model(get_model(model), sizes, 0, torch.device("cpu"))
+    assert runs_cudnn(built) is cudnn
+    matmul, cudnn_flags = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, cudnn_flags.allow_tf32
+    cuda = torch.device("cuda", 0)
+    try:
+        matmul.allow_tf32, cudnn_flags.allow_tf32 = False, True  # CUDA's defaults
+        expected = "tf32" if cudnn else "fp32"
+        assert cell_precision(parse_knobs("eager"), cuda, runs_cudnn(built)) == expected
+        matmul.allow_tf32 = True
+        assert cell_precision(parse_knobs("eager"), cuda, runs_cudnn(built)) == "tf32"
+    finally:
+        matmul.allow_tf32, cudnn_flags.allow_tf32 = before
+    assert cell_precision(parse_knobs("amp=bf16"), cuda, True) == "bf16"
+    assert cell_precision(parse_knobs("eager"), torch.device("cpu"), True) == "fp32"

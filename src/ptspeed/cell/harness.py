@@ -70,6 +70,7 @@ class VariantRun:
     checks: list[tuple[Snapshot, numerics.StepValues]]
     check_from: int
     conditions: Conditions
+    runs_cudnn: bool = False  # what the precision label depends on (cell_precision)
 
 
 class SingleProcess:
@@ -293,7 +294,7 @@ def _measure_variant(
     )
     metrics = dataclasses.replace(placement.combine(metrics), **losses)
     window_conditions = placement.combine_energy(window_conditions)
-    return VariantRun(metrics, checks, plan.check_from, window_conditions)
+    return VariantRun(metrics, checks, plan.check_from, window_conditions, runs_cudnn(model))
 
 
 def _losses(warmup: Warmup, last_output: Any, late_output: Any, late_index: int) -> dict[str, Any]:
@@ -356,9 +357,8 @@ def _guarded_numerics(
     if spec.mode == "infer" and model_spec.ragged_output:
         return numerics.not_checked("outputs have data-dependent shapes (detections)")
     try:
-        check = check_numerics(
-            spec, model_spec, knobs, host_batch, run.checks, device, cell_precision(knobs, device)
-        )
+        precision = cell_precision(knobs, device, run.runs_cudnn)
+        check = check_numerics(spec, model_spec, knobs, host_batch, run.checks, device, precision)
     except Exception as exc:
         release_memory(device)
         what = "out of memory" if is_out_of_memory(exc) else type(exc).__name__
@@ -367,14 +367,23 @@ def _guarded_numerics(
     return check
 
 
-def cell_precision(knobs: Knobs, device: torch.device) -> str:
+def cell_precision(knobs: Knobs, device: torch.device, runs_cudnn: bool) -> str:
     """The precision the variant computes in: its autocast dtype, else TF32 where CUDA has it
-    switched on for matmuls or convolutions, else fp32."""
+    switched on for what the model runs (matmuls; convolutions and RNNs, which cuDNN runs,
+    only where the model has them: cuDNN's TF32 flag is on by default), else fp32."""
     precision = knobs.precision(device.type)
-    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or (
+        runs_cudnn and torch.backends.cudnn.allow_tf32
+    )
     if precision == "fp32" and device.type == "cuda" and tf32:
         return "tf32"
     return precision
+
+
+def runs_cudnn(model: torch.nn.Module) -> bool:
+    """Whether the model has layers cuDNN computes on CUDA: convolutions, RNNs."""
+    kinds = (torch.nn.modules.conv._ConvNd, torch.nn.RNNBase)
+    return any(isinstance(module, kinds) for module in model.modules())
 
 
 def count_flops_per_sample(
