@@ -221,8 +221,12 @@ def judged(*rows: dict[str, Any], config: dict[str, Any] | None = None) -> pd.Da
         ({"gpu_sm_mhz_max": 600.0, "gpu_sm_mhz_limit": 1980.0}, "GPU SM clock 600 MHz"),
         ({"gpu_throttle_reasons": "sw_power_cap, hw_slowdown"}, "GPU throttled (hw_slowdown)"),
         ({"gpu_other_processes": 1}, "1 other process(es) on its GPU"),
+        # In-window samples: the median clock, not the idle snapshots' highest.
+        ({"gpu_sm_mhz_median": 700.0, "gpu_sm_mhz_max": 1980.0, "gpu_sm_mhz_limit": 1980.0},
+         "GPU SM clock 700 MHz"),
+        ({"amp_skipped_steps": 2}, "GradScaler skipped 2 optimizer step(s) in the window"),
     ],
-)
+)  # fmt: skip
 def test_each_rule_marks_a_trial_perturbed_and_says_why(change: dict[str, Any], why: str) -> None:
     runs = judged({}, change)
     assert runs["perturbed"].tolist() == [False, True]

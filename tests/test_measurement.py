@@ -317,3 +317,12 @@ def test_fp32_on_cuda_is_tf32_only_where_the_model_runs_what_tf32_is_on_for(
         matmul.allow_tf32, cudnn_flags.allow_tf32 = before
     assert cell_precision(parse_knobs("amp=bf16"), cuda, True) == "bf16"
     assert cell_precision(parse_knobs("eager"), torch.device("cpu"), True) == "fp32"
+
+
+def test_gradscalers_skipped_steps_are_read_from_its_scale_around_the_window() -> None:
+    """Each skip (an fp16 overflow) halves the scale; no scaler, nothing recorded."""
+    assert harness._scaler_skips(65536.0, 16384.0) == {
+        "amp_scale_before": 65536.0, "amp_scale_after": 16384.0, "amp_skipped_steps": 2,
+    }  # fmt: skip
+    assert harness._scaler_skips(1024.0, 2048.0)["amp_skipped_steps"] == 0  # grew: none
+    assert harness._scaler_skips(None, None) == {}

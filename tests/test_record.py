@@ -129,6 +129,7 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "first_step_s": None, "warmup_s": None, "warmup_steps_run": None,
             "one_off_steps": None, "compiler_cache": "", "peak_memory_bytes": None,
             "memory_kind": "", "loss_first": None, "loss_last": None, "late_loss": None,
+            "amp_scale_before": None, "amp_scale_after": None, "amp_skipped_steps": None,
             "late_loss_step": None, "non_finite_loss": "",
             "flops_per_sample": None, "achieved_flops_per_s": None, "world_size": 1,
             "batch_size_per_process": None, "distributed_backend": "", "fsdp_wrap_policy": "",

@@ -208,6 +208,7 @@ _INT_COLUMNS = [
     "torch_threads",
     "world_size",
     "batch_size_per_process",
+    "amp_skipped_steps",
     *CONDITION_INT_COLUMNS,
 ]
 # Lists and mappings of a record's metrics (graph-break reasons, compile time by phase) are

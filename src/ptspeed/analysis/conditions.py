@@ -14,7 +14,8 @@ so a changed threshold re-judges old records without rerunning. A trial is pertu
 * the highest CPU clock (cpufreq) seen at the window's start and end, or the GPU's median SM
   clock over the samples taken in the window, was below ``min_clock_fraction`` of its maximum;
 * a GPU throttle reason of ``throttle_reasons`` was active; or
-* more than ``max_other_gpu_processes`` processes that are not the cell's used its GPU.
+* more than ``max_other_gpu_processes`` processes that are not the cell's used its GPU;
+* GradScaler skipped optimizer steps inside the window (fp16 overflow: steps without update).
 
 :func:`judge_runs` adds ``perturbed`` (true, false, or blank where nothing could be judged: a
 trial that is not ok or recorded no conditions) and ``perturbed_reason`` to the runs frame.
@@ -70,11 +71,7 @@ def _judge(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> tuple[Any, 
     """(perturbed, why) of one ok trial; (NA, '') where it recorded nothing to judge."""
     if _blank(row.get("window_s")):
         return pd.NA, ""
-    reasons = [
-        reason
-        for rule in (_cpu_share, _cpu_left, _cpu_clock, _gpu_clock, _throttled, _gpu_neighbours)
-        if (reason := rule(row, thresholds))
-    ]
+    reasons = [reason for rule in RULES if (reason := rule(row, thresholds))]
     return bool(reasons), "; ".join(reasons)
 
 
@@ -150,6 +147,14 @@ def _throttled(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
     return f"GPU throttled ({', '.join(judged)})" if judged else ""
 
 
+def _scaler_skipped(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    """fp16 steps GradScaler skipped in the window did no optimizer update (and ran faster)."""
+    skipped = row.get("amp_skipped_steps")
+    if _blank(skipped) or int(skipped) <= 0:
+        return ""
+    return f"GradScaler skipped {int(skipped)} optimizer step(s) in the window (fp16 overflow)"
+
+
 def _gpu_neighbours(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
     others, limit = row.get("gpu_other_processes"), thresholds["max_other_gpu_processes"]
     if _blank(others) or int(others) <= limit:
@@ -212,3 +217,14 @@ def mostly_perturbed(runs: pd.DataFrame) -> str:
         "while other processes used their CPUs or their clocks were held down; see Perturbed "
         "trials): its throughputs and speedups do not describe a quiet machine."
     )
+
+
+RULES = (
+    _cpu_share,
+    _cpu_left,
+    _cpu_clock,
+    _gpu_clock,
+    _throttled,
+    _gpu_neighbours,
+    _scaler_skipped,
+)

@@ -43,6 +43,7 @@ from ptspeed.cell.reference import (
     Snapshot,
     check_numerics,
     host_copy,
+    loss_scale,
     momentum_buffers,
 )
 from ptspeed.cell.steps import (
@@ -256,6 +257,7 @@ def _measure_variant(
     with noisy_neighbours() if fault == NEIGHBOUR else contextlib.nullcontext():
         if fault == SLOW_SAMPLING:
             time.sleep(SLOW_SAMPLING_S)
+        scale_before = loss_scale(step)  # reads the device: before the window
         window = conditions.begin(device)  # samples outside the timed loop, at both ends
         # Every rank has sampled (a /proc scan, nvidia-smi: up to a second, unequal): the
         # clocks start together, or the early ranks' first step would wait out the others.
@@ -265,6 +267,7 @@ def _measure_variant(
             timer, measured_step, spec.measured_steps, keep=late_position
         )
         window_conditions = window.end()
+        scale_after = loss_scale(step)
     memory_bytes, memory_kind = peak_memory(device)
     # Read before the post-window step, which a CUDA graph's replay writes over the outputs.
     losses = (
@@ -292,9 +295,20 @@ def _measure_variant(
         fsdp_wrap_policy=getattr(placement, "wrap_policy", ""),
         attn_implementation=attention,
     )
-    metrics = dataclasses.replace(placement.combine(metrics), **losses)
+    metrics = dataclasses.replace(
+        placement.combine(metrics), **losses, **_scaler_skips(scale_before, scale_after)
+    )
     window_conditions = placement.combine_energy(window_conditions)
     return VariantRun(metrics, checks, plan.check_from, window_conditions, runs_cudnn(model))
+
+
+def _scaler_skips(before: float | None, after: float | None) -> dict[str, Any]:
+    """GradScaler's scale around the window and the steps it skipped there (each skip halves
+    the scale; a growth, once per 2000 good steps, would hide one: a lower bound)."""
+    if before is None or after is None or before <= 0 or after <= 0:
+        return {}
+    skipped = max(0, round(math.log2(before / after)))
+    return {"amp_scale_before": before, "amp_scale_after": after, "amp_skipped_steps": skipped}
 
 
 def _losses(warmup: Warmup, last_output: Any, late_output: Any, late_index: int) -> dict[str, Any]:
@@ -372,9 +386,7 @@ def cell_precision(knobs: Knobs, device: torch.device, runs_cudnn: bool) -> str:
     switched on for what the model runs (matmuls; convolutions and RNNs, which cuDNN runs,
     only where the model has them: cuDNN's TF32 flag is on by default), else fp32."""
     precision = knobs.precision(device.type)
-    tf32 = torch.backends.cuda.matmul.allow_tf32 or (
-        runs_cudnn and torch.backends.cudnn.allow_tf32
-    )
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or (runs_cudnn and torch.backends.cudnn.allow_tf32)
     if precision == "fp32" and device.type == "cuda" and tf32:
         return "tf32"
     return precision

@@ -139,6 +139,17 @@ class Metrics:
         "cell's loss at the same step; null when not finite (see non_finite_loss).",
         None,
     )
+    amp_scale_before: Optional[float] = _doc(
+        "GradScaler's loss scale just before the measured window (fp16 AMP; null otherwise).",
+        None,
+    )
+    amp_scale_after: Optional[float] = _doc("Its loss scale just after the window.", None)
+    amp_skipped_steps: Optional[int] = _doc(
+        "Optimizer steps GradScaler skipped inside the window (an fp16 overflow halves the "
+        "scale; a step that did no update is faster): log2 of the scale's fall, a lower bound "
+        "should the scale also have grown (once per 2000 good steps); null without GradScaler.",
+        None,
+    )
     late_loss_step: Optional[int] = _doc(
         "The step (counted from 1) of late_loss: eager's last, cell.warmup_steps (at least 1) + "
         "cell.measured_steps, which a cell with a longer warm-up also runs (train mode).",

@@ -59,18 +59,19 @@ class CheckCapture:
 
     def before(self) -> Snapshot:
         if not self.copies:
-            return Snapshot({}, [], _rng_state(self.device), _scale(self.step), restorable=False)
+            rng, scale = _rng_state(self.device), loss_scale(self.step)
+            return Snapshot({}, [], rng, scale, restorable=False)
         state = self.placement.full_state(self.model)
         momentum = self.placement.momentum(self.step.optimizer)
         restorable = not any(m is not None for m in momentum) or len(momentum) == len(
             self.parameter_names
         )
-        return Snapshot(state, momentum, _rng_state(self.device), _scale(self.step), restorable)
+        return Snapshot(state, momentum, _rng_state(self.device), loss_scale(self.step), restorable)
 
     def after(self, snapshot: Snapshot, output: Any) -> numerics.StepValues | None:
         """The step's values; None when GradScaler skipped the step (an fp16 overflow, which
         eager, without a scaler, never has)."""
-        if snapshot.scale is not None and _scale(self.step) < snapshot.scale:
+        if snapshot.scale is not None and loss_scale(self.step) < snapshot.scale:
             return None
         if not self.copies:
             return numerics.StepValues()
@@ -116,7 +117,8 @@ def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]
     return torch.get_rng_state(), cuda
 
 
-def _scale(step: Step) -> float | None:
+def loss_scale(step: Step) -> float | None:
+    """GradScaler's loss scale (a read of the device); None without a scaler."""
     return float(step.scaler.get_scale()) if step.scaler is not None else None
 
 
