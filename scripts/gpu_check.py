@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from ptspeed.cell import hostenv  # noqa: E402
 from ptspeed.cell.arguments import to_arguments  # noqa: E402
-from ptspeed.cell.knobs import parse_knobs, unsupported_reason  # noqa: E402
+from ptspeed.cell.knobs import parse_knobs, unsupported_for_model  # noqa: E402
 from ptspeed.cell.record import CellSpec, read_record  # noqa: E402
 from ptspeed.envs.venvs import venv_dir, venv_python  # noqa: E402
-from ptspeed.models import REGISTRY, get_model  # noqa: E402
+from ptspeed.models import get_model  # noqa: E402
 
 CONFIG = ROOT / "config" / "config.yaml"
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -167,11 +167,7 @@ def expected_status(
     path: CheckedPath, device: str, torch: tuple[int, int], py: tuple[int, int]
 ) -> str:
     knobs = parse_knobs(path.knobs)
-    image_model = "image_size" in REGISTRY[path.model].uses
-    attention_model = get_model(path.model).attention is not None
-    if torch < path.since or unsupported_reason(
-        knobs, device, torch, py, image_model, attention_model
-    ):
+    if torch < path.since or unsupported_for_model(knobs, device, torch, py, get_model(path.model)):
         return "unsupported"
     return path.expect
 

@@ -17,9 +17,11 @@ from ptspeed.cell.knobs import (
     KNOB_NAMES,
     Knobs,
     parse_knobs,
+    unsupported_for_model,
     unsupported_reason,
 )
 from ptspeed.errors import BadInput
+from ptspeed.models import get_model
 
 ACCEPTED_TEXT = re.compile(r"[a-z0-9_.=+-]+")
 BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")
@@ -319,3 +321,37 @@ def test_the_reference_of_an_attn_variant_has_eager_attention() -> None:
     assert parse_knobs("attn=sdpa").reference_attention == "eager"
     assert parse_knobs("attn=eager+amp").reference_attention == "eager"
     assert parse_knobs("compile").reference_attention is None
+
+
+@pytest.mark.parametrize(
+    ("model", "knobs", "torch_version", "fragment"),
+    [
+        ("bert-tiny", "cudagraphs", (2, 14), "cudagraphs with transformers' SDPA attention"),
+        ("bert-base", "cudagraphs+attn=sdpa", (2, 5), "attention-mask check reads the device"),
+        ("mask-rcnn", "cudagraphs", (2, 14), "shapes depend on its data"),
+        ("mlp", "compile=max-autotune-no-cudagraphs", (2, 0), "needs PyTorch >= 2.1"),
+    ],
+)
+def test_what_fails_for_a_known_reason_is_unsupported_before_it_runs(
+    model: str, knobs: str, torch_version: tuple[int, int], fragment: str
+) -> None:
+    """Each of these failed (a capture error, 'Unrecognized mode') and was recorded as failed."""
+    reason = unsupported_for_model(parse_knobs(knobs), "cuda", torch_version, (3, 10),
+                                   get_model(model))  # fmt: skip
+    assert fragment in reason
+
+
+@pytest.mark.parametrize(
+    ("model", "knobs", "torch_version"),
+    [
+        ("bert-tiny", "cudagraphs+attn=eager", (2, 14)),  # no mask check on the host
+        ("bert-tiny", "cudagraphs", (2, 0)),  # transformers' default there is eager attention
+        ("gpt2-tiny", "cudagraphs", (2, 14)),  # no attention mask given: no check
+        ("mlp", "compile=max-autotune-no-cudagraphs", (2, 1)),
+    ],
+)
+def test_the_same_knobs_elsewhere_are_supported(
+    model: str, knobs: str, torch_version: tuple[int, int]
+) -> None:
+    assert unsupported_for_model(parse_knobs(knobs), "cuda", torch_version, (3, 10),
+                                 get_model(model)) == ""  # fmt: skip

@@ -21,7 +21,7 @@ from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.record import CellSpec
 from ptspeed.cell.steps import Step, build_model
 from ptspeed.cell.warmup import WarmupPlan
-from ptspeed.errors import BadInput
+from ptspeed.errors import BadInput, Unsupported
 from ptspeed.models import Sizes, get_model
 
 # --- one-off work of a knob ends before the measured window -------------------------------
@@ -326,3 +326,30 @@ def test_gradscalers_skipped_steps_are_read_from_its_scale_around_the_window() -
     }  # fmt: skip
     assert harness._scaler_skips(1024.0, 2048.0)["amp_skipped_steps"] == 0  # grew: none
     assert harness._scaler_skips(None, None) == {}
+
+
+def test_a_driver_too_old_for_the_wheels_cuda_is_a_failure_naming_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node with an NVIDIA driver whose CUDA is older than the wheel's: torch sees no device.
+    That is the environment's fault: failed, with the driver's words; a node without a driver
+    cannot run the cell at all: unsupported."""
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19\n")
+    monkeypatch.setattr(device, "NVIDIA_DRIVER", version)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+
+    def too_old() -> None:
+        raise RuntimeError("The NVIDIA driver on your system is too old (found version 12020).")
+
+    monkeypatch.setattr(torch.cuda, "init", too_old)
+    with pytest.raises(RuntimeError) as failed:
+        resolve_device("cuda")
+    assert "(built for CUDA 13.0) cannot use this node's NVIDIA driver 535.104.05: " in str(
+        failed.value
+    )
+    assert "too old (found version 12020)" in str(failed.value)
+    monkeypatch.setattr(device, "NVIDIA_DRIVER", tmp_path / "absent")
+    with pytest.raises(Unsupported, match="torch sees no CUDA device"):
+        resolve_device("cuda")

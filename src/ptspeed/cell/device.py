@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 import shutil
 from pathlib import Path
@@ -17,6 +18,8 @@ from ptspeed.cell.record import CellSpec
 from ptspeed.errors import Unsupported
 
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+# Present where the NVIDIA kernel driver is loaded (and in a container that shares /proc).
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
 KIB = 1024
 
 
@@ -62,7 +65,7 @@ def resolve_device(requested: str) -> torch.device:
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise Unsupported("device cuda requested but torch sees no CUDA device")
+        raise _why_no_cuda()
     device = torch.device(requested)
     if device.type != "cuda":
         return device
@@ -72,6 +75,35 @@ def resolve_device(requested: str) -> torch.device:
     # a device go: cuda:N must be it, or per-step times are read on device 0's idle stream.
     torch.cuda.set_device(device)
     return device
+
+
+def _why_no_cuda() -> Exception:
+    """Unsupported where the node has no NVIDIA driver (or torch no CUDA); where it has one that
+    this torch's CUDA cannot use (a wheel built for a newer CUDA than the driver), a failure
+    naming both: that is the environment's fault, not the variant's."""
+    if torch.version.cuda is None:
+        return Unsupported(f"device cuda requested but torch {torch.__version__} has no CUDA")
+    if not NVIDIA_DRIVER.exists():
+        return Unsupported("device cuda requested but torch sees no CUDA device")
+    try:
+        torch.cuda.init()
+        why = "torch.cuda.is_available() is False"
+    except Exception as error:  # the driver's own words: "too old (found version 12020)" …
+        why = " ".join(str(error).split())
+    return RuntimeError(
+        f"torch {torch.__version__} (built for CUDA {torch.version.cuda}) cannot use this "
+        f"node's NVIDIA driver {_driver_version()}: {why}"
+    )
+
+
+def _driver_version() -> str:
+    """The kernel driver's version, as /proc/driver/nvidia/version names it."""
+    try:
+        text = NVIDIA_DRIVER.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(version unreadable)"
+    found = re.search(r"Kernel Module\s+(\S+)", text)
+    return found.group(1) if found else "(version unknown)"
 
 
 def torch_version() -> tuple[int, int]:

@@ -34,7 +34,7 @@ from ptspeed.cell.device import (
     use_compiler_cache,
 )
 from ptspeed.cell.faults import NEIGHBOUR, SLOW_SAMPLING, SLOW_SAMPLING_S, noisy_neighbours
-from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_reason
+from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_for_model
 from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
 from ptspeed.cell.record import CellSpec, Conditions, Metrics, Record, utc_now
@@ -168,14 +168,8 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     record.provenance = collect(torch, device)
     knobs = parse_knobs(spec.knobs)
     model_spec = get_model(spec.model)
-    reason = unsupported_reason(
-        knobs,
-        device.type,
-        torch_version(),
-        python_version(),
-        model_spec.image_model,
-        attention_model=model_spec.attention is not None,
-    )
+    versions = torch_version(), python_version()
+    reason = unsupported_for_model(knobs, device.type, *versions, model_spec)
     if reason:
         raise Unsupported(reason)
     apply_backend_settings(knobs, device)

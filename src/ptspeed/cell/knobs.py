@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ptspeed.errors import BadInput
 
@@ -356,9 +357,13 @@ def unsupported_reason(
     python: tuple[int, int],
     image_model: bool,
     attention_model: bool = False,
+    ragged_output: bool = False,
+    sdpa_mask_check: bool = False,
 ) -> str:
     """Why this torch on this device cannot run ``knobs`` ('' when it can); ``attention_model``:
-    the model has transformers' attention implementations (the attn knob).
+    the model has transformers' attention implementations (the attn knob); ``ragged_output``:
+    its outputs have data-dependent shapes (detections); ``sdpa_mask_check``: its SDPA path
+    checks the attention mask on the host (transformers' BERT).
 
     These are limits of PyTorch itself, known before running anything; the cell is then
     recorded as ``unsupported`` with this reason instead of crashing. What only trying can
@@ -373,6 +378,11 @@ def unsupported_reason(
             return "torch.compile in PyTorch 2.0 supports Python <= 3.10"
         if knobs.cudagraphs:
             return "cudagraphs with compile: use compile=reduce-overhead instead"
+        if knobs.compile_mode == "max-autotune-no-cudagraphs" and torch_version < (2, 1):
+            return (
+                "compile=max-autotune-no-cudagraphs needs PyTorch >= 2.1 (torch.compile in "
+                f"{version} knows default, reduce-overhead and max-autotune)"
+            )
     cuda_only = {
         "prefetch (host-to-device copies on a side CUDA stream; the CPU has none to "
         "overlap)": knobs.prefetch,
@@ -391,11 +401,41 @@ def unsupported_reason(
         return (
             "cudagraphs with fp16 AMP: GradScaler synchronises with the host and cannot be captured"
         )
+    if knobs.cudagraphs and ragged_output:
+        return (
+            "cudagraphs: the model's shapes depend on its data (proposals, detections), and a "
+            "CUDA graph replays fixed shapes"
+        )
+    if knobs.cudagraphs and sdpa_mask_check and torch_version >= (2, 1) and knobs.attn != "eager":
+        return (
+            "cudagraphs with transformers' SDPA attention: its attention-mask check reads the "
+            "device from the host, which a CUDA graph capture forbids; use attn=eager"
+        )
     if knobs.channels_last and not image_model:
         return "channels_last applies to image models (4-D inputs) only"
     if knobs.attn and not attention_model:
         return "attn applies to models with transformers' attention (the text models) only"
     return _distributed_reason(knobs, device_type, torch_version)
+
+
+def unsupported_for_model(
+    knobs: Knobs,
+    device_type: str,
+    torch_version: tuple[int, int],
+    python: tuple[int, int],
+    model_spec: Any,
+) -> str:
+    """:func:`unsupported_reason` for a model of the zoo (a ptspeed.models.ModelSpec)."""
+    return unsupported_reason(
+        knobs,
+        device_type,
+        torch_version,
+        python,
+        model_spec.image_model,
+        attention_model=model_spec.attention is not None,
+        ragged_output=model_spec.ragged_output,
+        sdpa_mask_check=model_spec.sdpa_mask_check,
+    )
 
 
 def _distributed_reason(knobs: Knobs, device_type: str, torch_version: tuple[int, int]) -> str:

@@ -71,6 +71,9 @@ class ModelSpec:
     # For a model with several attention implementations (transformers'): the implementation a
     # built model uses; ``build`` then takes ``attn=`` (None: the library's default).
     attention: Callable[[Any], str] | None = None
+    # Its SDPA attention checks the attention mask on the host (transformers' BERT: torch.all
+    # of the mask), which a CUDA graph capture forbids.
+    sdpa_mask_check: bool = False
     # The model as consecutive layers, for modelpar/pipeline; None: it cannot be cut (why).
     layering: Layering | None = None
     unstaged_reason: str = ""

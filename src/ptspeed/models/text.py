@@ -173,6 +173,7 @@ def _bert_spec(name: str, description: str, **fields: int) -> ModelSpec:
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
         blocks=("BertLayer",),
         attention=attention_implementation,
+        sdpa_mask_check=True,
         layering=Layering(_bert_layers, _masked_lm_loss, _masked_count),
     )
 
