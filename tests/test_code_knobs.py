@@ -3,7 +3,9 @@ implementation, prefetching, and what torch.compile did (graphs, breaks, recompi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -417,3 +419,23 @@ def test_the_config_refuses_a_bad_new_knob_in_one_line(
         prepare_config(config_with({"bad": knobs}, tmp_path), lambda device: "cpu")
     assert str(caught.value).startswith(message)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("thread_local", [True, False])
+def test_a_cuda_graph_beside_a_loader_is_captured_thread_local(
+    thread_local: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader's pin-memory thread calls CUDA during the capture: the capture checks only its
+    own thread's calls (capture_error_mode='thread_local'), else the global default."""
+    given: list[dict[str, str]] = []
+
+    @contextlib.contextmanager
+    def graph(cuda_graph: object, **options: str) -> Iterator[None]:
+        given.append(options)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    step = steps.CudaGraphStep(lambda batch: batch["x"] * 2, thread_local=thread_local)
+    step._capture({"x": torch.ones(2)})
+    assert given == [{"capture_error_mode": "thread_local"} if thread_local else {}]

@@ -355,3 +355,10 @@ def test_the_same_knobs_elsewhere_are_supported(
 ) -> None:
     assert unsupported_for_model(parse_knobs(knobs), "cuda", torch_version, (3, 10),
                                  get_model(model)) == ""  # fmt: skip
+
+
+def test_cudagraphs_with_a_loader_needs_a_thread_local_capture() -> None:
+    reason = unsupported_reason(parse_knobs("cudagraphs+loader=2"), "cuda", (2, 0), (3, 10), False)
+    assert "needs PyTorch >= 2.1" in reason and "thread_local" in reason
+    knobs = parse_knobs("cudagraphs+loader=2+pin")
+    assert unsupported_reason(knobs, "cuda", (2, 1), (3, 10), False) == ""

@@ -401,6 +401,12 @@ def unsupported_reason(
         return (
             "cudagraphs with fp16 AMP: GradScaler synchronises with the host and cannot be captured"
         )
+    if knobs.cudagraphs and (knobs.loader_workers or knobs.pin_memory) and torch_version < (2, 1):
+        return (
+            "cudagraphs with a DataLoader or pinned memory needs PyTorch >= 2.1: the loader's "
+            "threads call CUDA during the capture, which only capture_error_mode='thread_local' "
+            f"(2.1) allows ({version})"
+        )
     if knobs.cudagraphs and ragged_output:
         return (
             "cudagraphs: the model's shapes depend on its data (proposals, detections), and a "

@@ -114,7 +114,10 @@ def make_step(
         step = _train_step(spec, net, model, knobs, device, autocast, fault, static_loss_scale)
     step.one_off_calls = JIT_ONE_OFF_CALLS if knobs.jit else compiled_one_off_calls(knobs, device)
     if knobs.cudagraphs:
-        graph = CudaGraphStep(step.run)
+        # A loader's pin-memory thread calls CUDA while the main thread captures: the default
+        # (global) capture mode takes that for an error in the capture.
+        loader = bool(knobs.loader_workers) or knobs.pin_memory
+        graph = CudaGraphStep(step.run, thread_local=loader)
         return Step(graph, step.optimizer, CudaGraphStep.ONE_OFF_CALLS, step.scaler)
     return step
 
@@ -209,8 +212,10 @@ class CudaGraphStep:
 
     ONE_OFF_CALLS = CUDA_GRAPH_WARMUP_CALLS + 1  # side-stream warm-up calls and the capture
 
-    def __init__(self, step: Callable[[Batch], Any]) -> None:
+    def __init__(self, step: Callable[[Batch], Any], thread_local: bool = False) -> None:
         self._step = step
+        # torch >= 2.1: only this thread's CUDA calls are checked during the capture.
+        self._capture_options = {"capture_error_mode": "thread_local"} if thread_local else {}
         self._calls = 0
         self._graph: Any = None
         self._static_batch: Batch = {}
@@ -240,7 +245,7 @@ class CudaGraphStep:
     def _capture(self, batch: Batch) -> None:
         self._static_batch = dict(batch)
         self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
+        with torch.cuda.graph(self._graph, **self._capture_options):
             self._static_output = self._step(self._static_batch)
 
 
