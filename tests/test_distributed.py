@@ -465,3 +465,12 @@ def test_one_ranks_slow_sampling_does_not_reach_the_clocks(tmp_path: Path) -> No
     assert slowed.cell.fault == "rank-slow-sampling"
     assert slowed.metrics.measured_wall_s < quiet.metrics.measured_wall_s + SLOW_SAMPLING_S / 2
     assert slowed.metrics.step_times_s[0] < SLOW_SAMPLING_S / 2
+
+
+def test_fsdp_with_channels_last_is_unsupported() -> None:
+    """Its flat parameters would hand the weights back in NCHW: every step would convert."""
+    knobs = parse_knobs("fsdp+channels_last")
+    why = unsupported_reason(knobs, "cuda", (2, 14), (3, 10), image_model=True)
+    assert why.startswith("fsdp with channels_last: FSDP's flat parameters give the weights")
+    ddp = parse_knobs("ddp+channels_last")
+    assert unsupported_reason(ddp, "cuda", (2, 14), (3, 10), image_model=True) == ""

@@ -461,6 +461,11 @@ def _distributed_reason(knobs: Knobs, device_type: str, torch_version: tuple[int
         )
     if knobs.parallel != "fsdp":
         return ""
+    if knobs.channels_last:
+        return (
+            "fsdp with channels_last: FSDP's flat parameters give the weights back in NCHW "
+            "(contiguous) layout, so the cell would measure layout conversions in every step"
+        )
     version = ".".join(map(str, torch_version))
     if device_type != "cuda" and knobs.cpu_offload:
         return (
