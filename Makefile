@@ -12,12 +12,14 @@ HOST_TORCH := torch==2.14.1 torchvision==0.29.1 transformers==4.46.3
 RECIPES := $(wildcard docker/*Dockerfile*)
 SHELL_SCRIPTS := docker/install.sh .ci/packages.sh .ci/podman.sh .ci/slurm.sh .ci/run
 
-# make gpu-check: every CUDA path once (DEVICE=cpu: its CPU half; ENVS=host,torch-2.0: a subset of
-# the environments present; PATHS=eager,cudagraphs: a subset of the paths). It runs from a plain
+# make gpu-check: every CUDA path once, in priority order within BUDGET_S seconds (DEVICE=cpu: its
+# CPU half; ENVS=host,torch-2.0: a subset of the environments present; PATHS=eager,cudagraphs: a
+# subset of the paths). It runs from a plain
 # checkout with whatever Python has torch: the project's .venv where it exists, else $(PYTHON).
 DEVICE ?= cuda
 ENVS ?=
 PATHS ?=
+BUDGET_S ?= 480
 CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 .PHONY: setup run test test-fast lint format clean gpu-check
@@ -58,7 +60,7 @@ test-fast: $(STAMP)
 
 gpu-check:
 	PYTHONPATH=src $(CHECK_PYTHON) scripts/gpu_check.py --device $(DEVICE) --envs "$(ENVS)" \
-		--paths "$(PATHS)"
+		--paths "$(PATHS)" --budget-s $(BUDGET_S)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,8 +40,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from ptspeed.cell import hostenv  # noqa: E402
 from ptspeed.cell.arguments import to_arguments  # noqa: E402
 from ptspeed.cell.knobs import parse_knobs, unsupported_for_model  # noqa: E402
-from ptspeed.cell.record import CellSpec, read_record  # noqa: E402
+from ptspeed.cell.record import CellSpec, Record, read_record  # noqa: E402
 from ptspeed.envs.venvs import venv_dir, venv_python  # noqa: E402
+from ptspeed.launch.gpus import node_pool  # noqa: E402
 from ptspeed.models import get_model  # noqa: E402
 
 CONFIG = ROOT / "config" / "config.yaml"
@@ -62,27 +64,41 @@ class CheckedPath:
     expect: str = "ok"  # what it ends as where the torch version and device can run it
     devices: tuple[str, ...] = ("cuda", "cpu")
     since: tuple[int, int] = (0, 0)  # older torch versions record it unsupported
+    mode: str = "train"
+    seq_len: int = 32
+    gpus: int = 1  # GPUs it needs (2-process NCCL, two stages): left out on a smaller node
 
 
+# In the order they run: when --budget-s runs out, the paths left are the least telling.
 PATHS = (
     CheckedPath("eager", "mlp", "eager"),
     CheckedPath("compile", "mlp", "compile"),
-    CheckedPath("compile reduce-overhead", "mlp", "compile=reduce-overhead"),
+    # Logits of 16 x 32 x 50257 = 25.7 M elements, past 2**24: the numerics gate's output
+    # sample of an infer cell once indexed past the end there (a device-side assert).
+    CheckedPath("infer compile, big output", "gpt2-tiny", "compile", mode="infer"),
+    CheckedPath("infer cudagraphs", "mlp", "cudagraphs", mode="infer"),
+    CheckedPath("cudagraphs", "mlp", "cudagraphs"),
     CheckedPath("amp fp16", "mlp", "amp=fp16"),
     CheckedPath("amp bf16", "mlp", "amp=bf16"),
+    CheckedPath("cudagraphs bf16", "mlp", "cudagraphs+amp=bf16"),
+    CheckedPath("cudagraphs + loader", "mlp", "cudagraphs+loader=2+pin", since=(2, 1)),
+    CheckedPath("compile reduce-overhead", "mlp", "compile=reduce-overhead"),
+    CheckedPath("lstm (cuDNN RNN)", "lstm-lm", "eager", batch_size=8),
+    CheckedPath("ddp, 1 process", "mlp", "ddp+procs=1"),
+    CheckedPath("ddp, 2 processes", "mlp", "ddp", gpus=2),
+    CheckedPath("pipeline, 2 stages", "mlp", "pipeline=2+chunks=2", gpus=2),
+    CheckedPath("fsdp, 1 process", "resnet50", "fsdp+procs=1", batch_size=2),
+    CheckedPath("fsdp offload, 1 process", "mlp", "fsdp=offload+procs=1"),
     CheckedPath("channels_last", "resnet50", "channels_last", batch_size=2),
-    CheckedPath("cudagraphs", "mlp", "cudagraphs"),
     CheckedPath("memfrac", "mlp", "memfrac=0.5"),
     CheckedPath("loader", "mlp", "loader=2"),
     CheckedPath("pin + loader", "mlp", "loader=2+pin"),
+    CheckedPath("prefetch", "mlp", "loader=2+pin+prefetch"),
     CheckedPath("tf32 on", "resnet50", "tf32=on", batch_size=2),
     CheckedPath("cudnn_benchmark", "resnet50", "cudnn_benchmark", batch_size=2),
     CheckedPath("jit script", "mlp", "jit=script"),
     CheckedPath("jit trace", "resnet50", "jit=trace", batch_size=2),
     CheckedPath("attn sdpa", "bert-tiny", "attn=sdpa", batch_size=2, since=(2, 1)),
-    CheckedPath("prefetch", "mlp", "loader=2+pin+prefetch"),
-    CheckedPath("ddp, 1 process", "mlp", "ddp+procs=1"),
-    CheckedPath("fsdp, 1 process", "resnet50", "fsdp+procs=1", batch_size=2),
     CheckedPath(
         "gate: wrong gradients", "mlp", "loader=0", fault="grad", expect="numerics_mismatch"
     ),
@@ -99,6 +115,8 @@ PATHS = (
         devices=("cuda",),
     ),
 )
+NOT_RUN = "not run"
+MIN_PATH_S = 20.0  # a path started with less budget left than this would not end in it
 
 
 @dataclass
@@ -115,10 +133,13 @@ class Outcome:
     numerics: str
     record: str
     late: str = ""
+    telemetry: str = ""  # on CUDA: the in-window NVML samples and energy, or what is missing
+    perturbed: str = ""  # why aggregation judged the trial perturbed ('' for quiet)
+    complaint: str = ""  # on CUDA, a fault-free ok path without telemetry or not quiet
 
     @property
     def as_expected(self) -> bool:
-        return self.status == self.expected
+        return self.status == self.expected and not self.complaint
 
 
 def interpreters(config: dict) -> dict[str, str]:
@@ -178,12 +199,13 @@ def record_file(out_dir: Path, env: str, path: CheckedPath) -> Path:
 
 def run_path(
     env: str, python: str, path: CheckedPath, device: str, out_dir: Path, timeout_s: float
-) -> tuple[str, str, float, float | None, str]:
+) -> tuple[Record | None, float]:
+    """Run the path's cell; its record (None when it wrote none) and the seconds it took."""
     record_path = record_file(out_dir, env, path)
     record_path.unlink(missing_ok=True)  # an earlier check's record is not this one's
     spec = CellSpec(
-        model=path.model, variant=slug(path.name), knobs=path.knobs, mode="train",
-        batch_size=path.batch_size, image_size=path.image_size, seq_len=32, env=env,
+        model=path.model, variant=slug(path.name), knobs=path.knobs, mode=path.mode,
+        batch_size=path.batch_size, image_size=path.image_size, seq_len=path.seq_len, env=env,
         device=device, timeout_s=timeout_s, fault=path.fault, **STEPS,
         compiler_cache=str(out_dir / "compiler" / env / slug(path.name)), compiler_cache_cold=True,
     )  # fmt: skip
@@ -193,33 +215,73 @@ def run_path(
     subprocess.run(command, env=environment, cwd=ROOT, timeout=timeout_s + 120, check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     seconds = time.monotonic() - started
-    if not record_path.exists():
-        return "no record", "the cell wrote no record", seconds, None, ""
-    record = read_record(record_path)
+    return (read_record(record_path) if record_path.exists() else None), seconds
+
+
+def outcome_of(
+    env: str, version: str, path: CheckedPath, expected: str, record: Record | None,
+    seconds: float, record_path: Path,
+) -> Outcome:  # fmt: skip
+    """The path's row: its status, numerics verdict and, on CUDA, its telemetry."""
+    if record is None:
+        return Outcome(env, version, path.name, path.knobs, expected, "no record",
+                       "the cell wrote no record", seconds, None, "", str(record_path))  # fmt: skip
     check = record.numerics
+    bound = f"/{check.allowed_error:.2g}" if check.allowed_error is not None else ""
     verdict = (
         f"{'pass' if check.passed else 'FAIL'} {check.worst_quantity} "
-        f"{check.max_relative_error:.2g}/{check.allowed_error:.2g}"
+        f"{check.max_relative_error:.2g}{bound}"
         if check.checked and check.max_relative_error is not None
         else ("not checked" if not check.checked else "non-finite")
     )
-    return record.status, record.reason, seconds, record.metrics.throughput_samples_per_s, verdict
+    outcome = Outcome(env, version, path.name, path.knobs, expected, record.status,
+                      record.reason, seconds, record.metrics.throughput_samples_per_s, verdict,
+                      str(record_path))  # fmt: skip
+    outcome.telemetry, missing = telemetry_of(record)
+    if record.cell.device.startswith("cuda") and record.status == "ok" and missing:
+        outcome.complaint = f"no in-window telemetry: {missing}"
+    return outcome
 
 
-def check_late_losses(outcomes: list[Outcome]) -> None:
+def telemetry_of(record: Record) -> tuple[str, str]:
+    """(what the window's telemetry says, what a CUDA trial's lacks: '' when nothing)."""
+    conditions = record.conditions
+    energy = (
+        f"{conditions.energy_j:.1f} J ({conditions.energy_source})"
+        if conditions.energy_j is not None
+        else f"energy: {conditions.energy_not_measured or 'not measured'}"
+    )
+    if not record.cell.device.startswith("cuda"):
+        return energy, ""
+    missing = []
+    if conditions.gpu_source != "nvml" or conditions.gpu_samples < 1:
+        missing.append(f"GPU samples ({conditions.gpu_source or 'none'}, {conditions.gpu_samples})")
+    if conditions.energy_j is None:
+        missing.append("energy")
+    clocks = f"SM {conditions.gpu_sm_mhz_median or 0:.0f} MHz"
+    return f"{conditions.gpu_samples} samples, {clocks}, {energy}", ", ".join(missing)
+
+
+def check_late_losses(outcomes: list[Outcome], quiet_required: bool = False) -> None:
     """Give each outcome aggregation's late numerics check (status and reason too, where it
-    fails), reading the records as the workflow's aggregate rule does."""
+    fails) and its judgement of the trial's conditions, reading the records as the workflow's
+    aggregate rule does; with ``quiet_required`` (a GPU node to itself) a fault-free ok trial
+    judged perturbed is a complaint."""
     try:
         from ptspeed.analysis.aggregate import load_tables
     except ImportError as error:  # pandas: the host side's, not the cell's
         print(f"note: the late numerics check is left out ({error})")
         return
-    written = [o for o in outcomes if Path(o.record).exists()]
+    written = [o for o in outcomes if o.record and Path(o.record).exists()]
     runs, _ = load_tables(o.record for o in written)
     for outcome, row in zip(written, runs.to_dict("records"), strict=True):
         outcome.late = row["late_check"] or ""
         if row["status"] != outcome.status:
             outcome.status, outcome.reason = row["status"], row["reason"]
+        if str(row.get("perturbed")) == "True":  # a nullable boolean: True, False or NA
+            outcome.perturbed = row["perturbed_reason"]
+            if quiet_required and outcome.expected == "ok" and not outcome.complaint:
+                outcome.complaint = f"judged perturbed: {outcome.perturbed}"
 
 
 def check_in_image(
@@ -243,15 +305,16 @@ def check_in_image(
 def print_table(outcomes: list[Outcome]) -> None:
     header = (
         f"{'env':<11} {'torch':<13} {'path':<26} {'status':<18} {'expected':<18} {'s':>5}  "
-        f"{'late':<12} numerics"
+        f"{'late':<12} {'numerics':<26} telemetry"
     )
     print(header)
     print("-" * len(header))
     for o in outcomes:
-        mark = "" if o.as_expected else "   <-- unexpected"
+        mark = "" if o.as_expected or o.status == NOT_RUN else "   <-- unexpected"
+        detail = o.reason if o.status == NOT_RUN else o.telemetry
         print(
             f"{o.env:<11} {o.torch:<13} {o.path:<26} {o.status:<18} {o.expected:<18} "
-            f"{o.seconds:5.0f}  {o.late.split(':')[0]:<12} {o.numerics}{mark}"
+            f"{o.seconds:5.0f}  {o.late.split(':')[0]:<12} {o.numerics:<26} {detail}{mark}"
         )
 
 
@@ -261,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=CONFIG, help="whose environments to use")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-check")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
+    parser.add_argument(
+        "--budget-s", type=float, default=480.0,
+        help="seconds for the whole check: the paths left when it is spent are listed, not run",
+    )  # fmt: skip
     parser.add_argument("--envs", default="", help="comma-separated subset of environments")
     parser.add_argument(
         "--paths",
@@ -275,36 +342,71 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: paths: {error}")
         return 2
+    missing = [env for env in wanted if env not in found]
+    if missing:
+        print(f"error: envs: {missing[0]!r} is not built (present: {', '.join(found)})")
+        return 2
     in_image = check_in_image(args.device)
     outcomes = [in_image] if in_image else []
-    for env in wanted:
-        if env not in found:
-            print(f"error: envs: {env!r} is not built (present: {', '.join(found)})")
-            return 2
-        version, torch, python = torch_version(found[env])
-        for path in paths:
-            if args.device not in path.devices:
-                continue
-            expected = expected_status(path, args.device, torch, python)
-            status, reason, seconds, throughput, verdict = run_path(
-                env, found[env], path, args.device, args.out, args.timeout
-            )
-            record = str(record_file(args.out, env, path))
-            outcomes.append(Outcome(env, version, path.name, path.knobs, expected, status,
-                                    reason, seconds, throughput, verdict, record))  # fmt: skip
-            print(f"{env} {path.name}: {status} ({seconds:.0f} s)", flush=True)
-    check_late_losses(outcomes)
+    signal.signal(signal.SIGTERM, _stop)  # a time limit's TERM: the table is still printed
+    try:
+        run_paths(args, wanted, found, paths, outcomes)
+    except KeyboardInterrupt:
+        print("stopped: the table holds the paths that ran", flush=True)
+    check_late_losses(outcomes, quiet_required=args.device == "cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {"device": args.device, "outcomes": [asdict(o) for o in outcomes]}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print()
     print_table(outcomes)
-    unexpected = [o for o in outcomes if not o.as_expected]
+    unexpected = [o for o in outcomes if not o.as_expected and o.status != NOT_RUN]
     for o in unexpected:
-        print(f"unexpected: {o.env} {o.path}: {o.status} ({o.reason[:300]})")
-    print(f"\n{len(outcomes) - len(unexpected)} of {len(outcomes)} paths as expected; "
+        print(f"unexpected: {o.env} {o.path}: {o.status} ({(o.complaint or o.reason)[:300]})")
+    ran = [o for o in outcomes if o.status != NOT_RUN]
+    print(f"\n{len(ran) - len(unexpected)} of {len(ran)} paths as expected"
+          f"{f', {len(outcomes) - len(ran)} not run' if len(ran) < len(outcomes) else ''}; "
           f"summary: {args.out / 'summary.json'}")  # fmt: skip
     return 1 if unexpected else 0
+
+
+def run_paths(
+    args: argparse.Namespace,
+    wanted: list[str],
+    found: dict[str, str],
+    paths: tuple[CheckedPath, ...],
+    outcomes: list[Outcome],
+) -> None:
+    """Each environment's paths in priority order, within ``args.budget_s``; a path the
+    budget or the node's GPUs leave out is listed as not run, saying why."""
+    begun = time.monotonic()
+    gpus = len(node_pool().ids) if args.device == "cuda" else 0
+    for env in wanted:
+        version, torch, python = torch_version(found[env])
+        for path in paths:
+            if args.device not in path.devices:
+                continue
+            expected = expected_status(path, args.device, torch, python)
+            left_s = args.budget_s - (time.monotonic() - begun)
+            why_not = (
+                f"needs {path.gpus} GPUs, the node has {gpus}"
+                if args.device == "cuda" and path.gpus > max(gpus, 1)
+                else f"the budget of {args.budget_s:.0f} s was spent"
+                if left_s < MIN_PATH_S
+                else ""
+            )  # fmt: skip
+            if why_not:
+                outcomes.append(Outcome(env, version, path.name, path.knobs, NOT_RUN, NOT_RUN,
+                                        why_not, 0.0, None, "", ""))  # fmt: skip
+                continue
+            timeout_s = min(args.timeout, left_s)
+            record, seconds = run_path(env, found[env], path, args.device, args.out, timeout_s)
+            record_path = record_file(args.out, env, path)
+            outcomes.append(outcome_of(env, version, path, expected, record, seconds, record_path))
+            print(f"{env} {path.name}: {outcomes[-1].status} ({seconds:.0f} s)", flush=True)
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -66,7 +68,8 @@ def test_a_path_whose_late_loss_strays_from_eager_s_is_a_mismatch(tmp_path: Path
 # What each path ends as on the CPU under the host's torch (2.14.1, Python 3.11), as the whole
 # CPU half ran it (make gpu-check DEVICE=cpu ENVS=host: 20 of 20 as expected, 4 minutes).
 CPU_UNSUPPORTED = {"amp fp16", "cudagraphs", "memfrac", "pin + loader", "tf32 on",
-                   "cudnn_benchmark", "prefetch"}  # fmt: skip
+                   "cudnn_benchmark", "prefetch", "infer cudagraphs", "cudagraphs bf16",
+                   "cudagraphs + loader", "fsdp offload, 1 process"}  # fmt: skip
 CPU_MISMATCHES = {"gate: wrong gradients", "gate: skipped step"}
 
 
@@ -143,3 +146,53 @@ def test_inside_an_image_on_a_gpu_the_driver_must_link_for_triton(
     monkeypatch.setattr(gpu_check.tempfile, "gettempdir", lambda: str(tmp_path))
     bound = gpu_check.check_in_image("cuda", driver)
     assert bound.status == "ok" and bound.as_expected, bound.reason
+
+
+def test_the_budget_and_the_nodes_gpus_leave_paths_out_listed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A spent budget runs nothing more but lists every path left, saying why; a path that
+    needs more GPUs than the node has says so; the table and summary are written all the
+    same, and nothing not run counts as unexpected."""
+    arguments = ["--device", "cuda", "--envs", "host", "--out", str(tmp_path), "--budget-s", "0"]
+    assert gpu_check.main([*arguments, "--paths", "ddp-2-processes,cudagraphs"]) == 0
+    out = capsys.readouterr().out
+    assert "0 of 0 paths as expected, 3 not run" in out
+    rows = {o["path"]: o for o in json.loads((tmp_path / "summary.json").read_text())["outcomes"]}
+    assert rows["ddp, 2 processes"]["reason"].startswith("needs 2 GPUs, the node has ")
+    assert rows["cudagraphs"]["reason"] == "the budget of 0 s was spent"
+    assert {o["status"] for o in rows.values()} == {"not run"}
+
+
+def test_a_cuda_trial_without_in_window_telemetry_is_unexpected() -> None:
+    """On a GPU every ok trial must carry NVML's in-window samples and the window's energy."""
+    record = make_record("torch-2.0", "gpt2", "eager", 0, "ok", 100.0)
+    record.cell.device = "cuda"
+    path = gpu_check.PATHS[0]
+    bare = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
+    assert not bare.as_expected
+    assert bare.complaint == "no in-window telemetry: GPU samples (none, 0), energy"
+    conditions = record.conditions
+    conditions.gpu_source, conditions.gpu_samples, conditions.gpu_sm_mhz_median = "nvml", 9, 1980.0
+    conditions.energy_j, conditions.energy_source = 35.0, "nvml"
+    sampled = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
+    assert sampled.as_expected and sampled.telemetry == "9 samples, SM 1980 MHz, 35.0 J (nvml)"
+    record.cell.device = "cpu"
+    on_cpu = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
+    assert on_cpu.as_expected  # the CPU's energy is reported where RAPL is readable, not required
+
+
+@pytest.mark.slow
+def test_a_check_stopped_by_its_time_limit_still_prints_its_table(tmp_path: Path) -> None:
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--envs", "host",
+               "--paths", "compile", "--out", str(tmp_path)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                               env=with_sources())  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (tmp_path / "host" / "eager.json").exists():
+        time.sleep(0.2)  # eager has run: compile (a minute or more on the CPU) is running
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=120)
+    assert "stopped: the table holds the paths that ran" in out
+    assert "env         torch" in out and (tmp_path / "summary.json").is_file()
+    assert "1 of 1 paths as expected" in out  # eager, which ran
