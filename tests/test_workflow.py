@@ -335,3 +335,18 @@ def test_cross_version_upgrade(tmp_path: Path) -> None:
     assert len(speedups) == 1
     assert speedups.comparison[0] == "upgrade-alone"
     assert math.isfinite(speedups.speedup[0]) and speedups.speedup[0] > 0
+
+
+@pytest.mark.workflow
+def test_on_one_machine_every_cell_waits_for_every_environments_build(tmp_path: Path) -> None:
+    """A cell beside another environment's venv build measured the build too (its trials were
+    judged perturbed and rerun): each cell's inputs hold every environment's build."""
+    output = ok(snakemake("-n", "--config", f"results={tmp_path / 'results'}"))
+    results = tmp_path / "results"
+    builds = {f"{results}/envs/torch-1.13.json", f"{results}/envs/torch-2.0.json"}
+    inputs = [
+        set(block.splitlines()[1].strip().removeprefix("input: ").split(", "))
+        for block in output.split("\nrule ")
+        if block.startswith("cell:")
+    ]
+    assert len(inputs) == 45 and all(builds <= given for given in inputs)

@@ -8,6 +8,7 @@
 rule cell:
     input:
         env=env_ready_file,
+        other_builds=other_builds,
         first_trial=first_trial_record,
     output:
         record=f"{RESULTS}/{RECORD_PATTERN}",
