@@ -465,6 +465,12 @@ def test_one_ranks_slow_sampling_does_not_reach_the_clocks(tmp_path: Path) -> No
     assert slowed.cell.fault == "rank-slow-sampling"
     assert slowed.metrics.measured_wall_s < quiet.metrics.measured_wall_s + SLOW_SAMPLING_S / 2
     assert slowed.metrics.step_times_s[0] < SLOW_SAMPLING_S / 2
+    # Each rank sampled its own node: the record keeps every rank's figures (on this CPU no
+    # GPU samples and no RAPL: no energy, saying on how many ranks).
+    conditions = quiet.conditions
+    assert conditions.rank_gpu_samples == [0, 0]
+    assert len(conditions.rank_energy_j) == 2 and conditions.energy_j is None
+    assert conditions.energy_not_measured.startswith("measured on 0 of 2 ranks; this rank: ")
 
 
 def test_fsdp_with_channels_last_is_unsupported() -> None:

@@ -36,7 +36,10 @@ import pandas as pd
 from ptspeed.cell.record import Conditions
 from ptspeed.plan.config import fill_defaults, load_schema
 
-CONDITION_COLUMNS = [f.name for f in dataclasses.fields(Conditions)]
+# Per-rank lists stay in the records.
+CONDITION_COLUMNS = [
+    f.name for f in dataclasses.fields(Conditions) if not str(f.type).startswith("list")
+]
 CONDITION_TEXT_COLUMNS = [
     f.name for f in dataclasses.fields(Conditions) if f.type in ("str", "Optional[str]")
 ]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import operator
 import os
 import time
 from datetime import timedelta
@@ -30,6 +32,7 @@ from ptspeed.cell.harness import SingleProcess, resolve_device, run_cell
 from ptspeed.cell.knobs import STAGED, Knobs, parse_knobs
 from ptspeed.cell.record import CellSpec, Conditions, Metrics
 from ptspeed.cell.reference import host_copy
+from ptspeed.cell.telemetry import throttle_bits, throttle_names
 from ptspeed.errors import Unsupported
 from ptspeed.launch.torchrun import FINISHED, threads_per_process, write_rank_outcome
 
@@ -184,20 +187,30 @@ class Rank(SingleProcess):
         )
 
     def combine_energy(self, conditions: Conditions) -> Conditions:
-        """Every rank measured its own GPU's (or CPU's) energy: the cell's is their sum, and
-        mean power likewise; where a rank measured none, none, saying on how many it was."""
-        mine = [conditions.energy_j or 0.0, float(conditions.energy_j is not None),
-                conditions.gpu_power_w_mean or 0.0]  # fmt: skip
-        table = torch.tensor(mine, dtype=torch.float64).to(self._collective_device)
-        dist.all_reduce(table)
-        energy_j, measured, power_w = table.tolist()
-        if conditions.gpu_power_w_mean is not None:
-            conditions.gpu_power_w_mean = power_w
-        if measured == self.world_size:
-            conditions.energy_j = energy_j
+        """Every rank sampled its own GPU (or CPU): the record keeps each rank's energy, median
+        SM clock and samples (rank_*), every throttle reason any rank saw, the most other
+        processes any rank's GPU had; the cell's energy and mean power are the ranks' sums
+        (where a rank measured no energy, none, saying on how many ranks it was)."""
+        mine = torch.tensor([_number(conditions, f) for f in RANK_TELEMETRY], dtype=torch.float64)
+        mine = mine.nan_to_num(nan=-1.0).to(self._collective_device)  # -1: not measured
+        gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        rows = [[None if value < 0 else value for value in row.tolist()] for row in gathered]
+        energy, power, clock, samples, reasons, others = zip(*rows, strict=True)
+        conditions.rank_energy_j, conditions.rank_gpu_sm_mhz_median = list(energy), list(clock)
+        conditions.rank_gpu_samples = [int(s or 0) for s in samples]
+        bits = functools.reduce(operator.or_, (int(r or 0) for r in reasons), 0)
+        conditions.gpu_throttle_reasons = ", ".join(throttle_names(bits))
+        if any(o is not None for o in others):
+            conditions.gpu_other_processes = int(max(o or 0 for o in others))
+        if conditions.gpu_power_w_mean is not None and None not in power:
+            conditions.gpu_power_w_mean = sum(power)
+        measured = [e for e in energy if e is not None]
+        if len(measured) == self.world_size:
+            conditions.energy_j = sum(measured)
         else:
             conditions.energy_j, conditions.energy_source = None, ""
-            why = f"measured on {measured:.0f} of {self.world_size} ranks"
+            why = f"measured on {len(measured)} of {self.world_size} ranks"
             if conditions.energy_not_measured:
                 why += f"; this rank: {conditions.energy_not_measured}"
             conditions.energy_not_measured = why
@@ -206,6 +219,19 @@ class Rank(SingleProcess):
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# What each rank's window measured that the record keeps per rank (a float each; the throttle
+# reasons as NVML's bits).
+RANK_TELEMETRY = ("energy_j", "gpu_power_w_mean", "gpu_sm_mhz_median", "gpu_samples",
+                  "gpu_throttle_bits", "gpu_other_processes")  # fmt: skip
+
+
+def _number(conditions: Conditions, name: str) -> float:
+    if name == "gpu_throttle_bits":
+        return float(throttle_bits(conditions.gpu_throttle_reasons))
+    value = getattr(conditions, name)
+    return math.nan if value is None else float(value)
 
 
 def placement_of(spec: CellSpec) -> Rank:

@@ -315,6 +315,15 @@ class Conditions:
     )
     energy_source: str = _doc("'nvml', 'rapl', or '' when not measured.", "")
     energy_not_measured: str = _doc("Why energy_j is null ('' when measured).", "")
+    rank_energy_j: list[Optional[float]] = _doc(
+        "A ddp/fsdp/staged cell's energy_j of each rank (its own GPU), rank 0 first; [] for "
+        "one process. Their sum is energy_j.",
+        [],
+    )
+    rank_gpu_sm_mhz_median: list[Optional[float]] = _doc(
+        "Each rank's median SM clock over its window's samples.", []
+    )
+    rank_gpu_samples: list[int] = _doc("Each rank's GPU samples in its window.", [])
     sampler_cpu_s: Optional[float] = _doc(
         "CPU time the in-window GPU sampling thread took (its cost to the cell).", None
     )

@@ -42,6 +42,18 @@ THROTTLE_REASONS = {
     0x100: "display_clock_setting",
 }
 MAX_PROCESSES = 64
+
+
+def throttle_bits(names: str) -> int:
+    """NVML's bits of comma-separated reason names."""
+    bits = {name: bit for bit, name in THROTTLE_REASONS.items()}
+    return sum(bits.get(name.strip(), 0) for name in names.split(",") if name.strip())
+
+
+def throttle_names(bits: int) -> list[str]:
+    return [name for bit, name in THROTTLE_REASONS.items() if bits & bit]
+
+
 RAPL = Path("/sys/class/powercap")
 
 
@@ -122,7 +134,7 @@ class Nvml:
         except NvmlError:
             name = "nvmlDeviceGetCurrentClocksThrottleReasons"
             bits = self._unsigned(name, kind=ctypes.c_ulonglong)
-        return [reason for bit, reason in THROTTLE_REASONS.items() if bits & bit]
+        return throttle_names(bits)
 
     def process_ids(self) -> list[int]:
         """The compute processes on the GPU."""
