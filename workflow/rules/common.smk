@@ -153,12 +153,15 @@ def other_builds(wildcards):
     """On one machine, the other environments' builds (venvs, images, sifs) before any cell:
     a cell beside a build measures the build too (such trials were judged perturbed and run
     again). ancient(): rebuilding one environment does not rerun another's cells. On a
-    cluster the builds run on the login node, apart from the cells: nothing to wait for."""
+    cluster the builds run on the login node, apart from the cells: nothing to wait for.
+    """
     if ON_SCHEDULER:
         return []
     others = sorted({cell.env for cell in CELLS} - {wildcards.env})
     ready = [REALISATION.ready(env) for env in others]
-    paths = [path for item in ready for path in ([item] if isinstance(item, str) else item)]
+    paths = [
+        path for item in ready for path in ([item] if isinstance(item, str) else item)
+    ]
     return [ancient(path) for path in paths]
 
 
