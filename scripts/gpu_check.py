@@ -262,7 +262,7 @@ def telemetry_of(record: Record) -> tuple[str, str]:
     return f"{conditions.gpu_samples} samples, {clocks}, {energy}", ", ".join(missing)
 
 
-def check_late_losses(outcomes: list[Outcome], quiet_required: bool = False) -> None:
+def check_with_aggregation(outcomes: list[Outcome], quiet_required: bool = False) -> None:
     """Give each outcome aggregation's late numerics check (status and reason too, where it
     fails) and its judgement of the trial's conditions, reading the records as the workflow's
     aggregate rule does; with ``quiet_required`` (a GPU node to itself) a fault-free ok trial
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         run_paths(args, wanted, found, paths, outcomes)
     except KeyboardInterrupt:
         print("stopped: the table holds the paths that ran", flush=True)
-    check_late_losses(outcomes, quiet_required=args.device == "cuda")
+    check_with_aggregation(outcomes, quiet_required=args.device == "cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {"device": args.device, "outcomes": [asdict(o) for o in outcomes]}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

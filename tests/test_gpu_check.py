@@ -58,7 +58,7 @@ def test_a_path_whose_late_loss_strays_from_eager_s_is_a_mismatch(tmp_path: Path
         str(tmp_path / "memfrac.json"),
     )  # fmt: skip
     outcomes = [eager, graphs, script, missing]
-    gpu_check.check_late_losses(outcomes)
+    gpu_check.check_with_aggregation(outcomes)
     assert [o.late for o in outcomes] == ["reference", "mismatch", "passed", ""]
     assert (graphs.status, graphs.as_expected) == ("numerics_mismatch", False)
     assert graphs.reason.startswith("late numerics check: step 13's loss 2.2 is 10.00%")

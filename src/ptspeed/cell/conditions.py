@@ -6,8 +6,9 @@ after it (never inside: the timed loop runs nothing of this), and the two sample
 (``/proc/stat``'s non-idle time of those CPUs minus the cell's own CPU time, below), the load
 average, the CPU frequency governor and clock range (``cpufreq``; absent in most VMs and
 containers: null), whether the cell was pinned, and on CUDA the GPU's clocks, temperature,
-power, throttle reasons and other processes on it (NVML through ``pynvml`` where importable,
-else ``nvidia-smi``). Whether that makes the trial perturbed is judged on the host
+power, throttle reasons and other processes on it (sampled through the window by
+:mod:`ptspeed.cell.telemetry`'s NVML thread, else ``nvidia-smi`` at its two ends), and the
+window's energy. Whether that makes the trial perturbed is judged on the host
 (:mod:`ptspeed.analysis.conditions`), so a changed threshold re-judges old records.
 
 The cell's own processes are those of its session: the watchdog starts each worker in a
@@ -22,7 +23,7 @@ them lies inside the window. The figure can be no more than the cell's CPUs give
 nor than they were busy (rounding aside); past that it is clamped, ``other_cpu_s`` is left null
 and ``not_readable`` says why, so that no trial is judged quiet on its strength.
 
-Standard library only (``pynvml`` optional); every read that fails leaves its value null and
+Standard library only; every read that fails leaves its value null and
 says so in ``not_readable``.
 """
 
@@ -39,7 +40,6 @@ from typing import Any
 from ptspeed.cell import telemetry
 from ptspeed.cell.provenance import smi_id
 from ptspeed.cell.record import Conditions
-from ptspeed.cell.telemetry import THROTTLE_REASONS
 
 PROC = Path("/proc")
 CPUFREQ = "/sys/devices/system/cpu/cpu{}/cpufreq/{}"
@@ -59,7 +59,7 @@ _ROUNDING_TICKS = 2
 # nvidia-smi's throttle-reason fields: named clocks_event_reasons.* by newer drivers,
 # clocks_throttle_reasons.* by older ones; a field the driver does not know fails the query.
 SMI_REASON_FAMILIES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
-SMI_REASONS = tuple(n for n in THROTTLE_REASONS.values() if n != "display_clock_setting")
+SMI_REASONS = tuple(n for n in telemetry.THROTTLE_REASONS.values() if n != "display_clock_setting")
 SMI_FIELDS = ("clocks.sm", "clocks.max.sm", "temperature.gpu", "power.draw", "power.limit")
 SMI_TIMEOUT_S = 10
 
@@ -385,8 +385,7 @@ def _note_telemetry(conditions: Conditions, gpu: telemetry.GpuTelemetry) -> None
     conditions.gpu_power_w_mean = gpu.mean_power_w()
     conditions.gpu_power_limit_w = gpu.power_limit_w
     conditions.gpu_throttle_reasons = ", ".join(gpu.throttle_reasons)
-    samples = [_GpuSample(process_ids=pids) for pids in gpu.process_ids]
-    conditions.gpu_other_processes = _other_processes(samples)
+    conditions.gpu_other_processes = _other_processes(gpu.process_ids)
     conditions.sampler_cpu_s = gpu.sampler_cpu_s
     unreadable = [f"GPU {what} ({why})" for what, why in gpu.unreadable.items()]
     conditions.not_readable = "; ".join(filter(None, [conditions.not_readable, *unreadable]))
@@ -477,7 +476,8 @@ def _note_gpu(conditions: Conditions, start: _GpuSample | None, stop: _GpuSample
     conditions.gpu_power_limit_w = _largest(s.power_limit_w for s in samples)
     reasons = dict.fromkeys(r for s in samples for r in s.throttle_reasons)
     conditions.gpu_throttle_reasons = ", ".join(reasons)
-    conditions.gpu_other_processes = _other_processes(samples)
+    listed = [s.process_ids for s in samples if s.process_ids is not None]
+    conditions.gpu_other_processes = _other_processes(listed)
 
 
 def _largest(values: Any) -> float | None:
@@ -485,10 +485,10 @@ def _largest(values: Any) -> float | None:
     return max(present) if present else None
 
 
-def _other_processes(samples: list[_GpuSample]) -> int | None:
-    """The most processes on the GPU that are not this cell's (its session's); where the cell
-    itself is not among them (a PID namespace: a container), all but one."""
-    listed = [s.process_ids for s in samples if s.process_ids is not None]
+def _other_processes(listed: list[list[int]]) -> int | None:
+    """The most processes on the GPU at a sample (``listed``: each sample's pids) that are not
+    this cell's (its session's); where the cell itself is not among them (a PID namespace: a
+    container), all but one."""
     if not listed:
         return None
     session = os.getsid(0)

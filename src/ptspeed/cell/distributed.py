@@ -186,7 +186,7 @@ class Rank(SingleProcess):
             rank_measured_wall_s=walls,
         )
 
-    def combine_energy(self, conditions: Conditions) -> Conditions:
+    def combine_telemetry(self, conditions: Conditions) -> Conditions:
         """Every rank sampled its own GPU (or CPU): the record keeps each rank's energy, median
         SM clock and samples (rank_*), every throttle reason any rank saw, the most other
         processes any rank's GPU had; the cell's energy and mean power are the ranks' sums

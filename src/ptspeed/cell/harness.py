@@ -135,8 +135,8 @@ class SingleProcess:
     def combine(self, metrics: Metrics) -> Metrics:
         return metrics
 
-    def combine_energy(self, conditions: Conditions) -> Conditions:
-        """The window's energy over every process of the cell: this one's."""
+    def combine_telemetry(self, conditions: Conditions) -> Conditions:
+        """The window's telemetry over every process of the cell: this one's."""
         return conditions
 
 
@@ -292,7 +292,7 @@ def _measure_variant(
     metrics = dataclasses.replace(
         placement.combine(metrics), **losses, **_scaler_skips(scale_before, scale_after)
     )
-    window_conditions = placement.combine_energy(window_conditions)
+    window_conditions = placement.combine_telemetry(window_conditions)
     return VariantRun(metrics, checks, plan.check_from, window_conditions, runs_cudnn(model))
 
 

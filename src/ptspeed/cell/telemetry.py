@@ -42,6 +42,11 @@ THROTTLE_REASONS = {
     0x100: "display_clock_setting",
 }
 MAX_PROCESSES = 64
+# NVML's query of the active clock reasons: its current name, then the name older drivers have.
+REASON_QUERIES = (
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+)
 
 
 def throttle_bits(names: str) -> int:
@@ -84,6 +89,11 @@ class Nvml:
                        ctypes.byref(self._handle))  # fmt: skip
         else:
             self._call("nvmlDeviceGetHandleByUUID", device.encode(), ctypes.byref(self._handle))
+        # Chosen once: the sampler asks every 50 ms.
+        self._reasons_query = next(
+            (name for name in REASON_QUERIES if getattr(library, name, None) is not None),
+            REASON_QUERIES[-1],
+        )
 
     @classmethod
     def open(cls, device: str, library: str = NVML_LIBRARY) -> Nvml:
@@ -127,14 +137,9 @@ class Nvml:
         return self._unsigned(name, kind=ctypes.c_ulonglong) / MILLI
 
     def throttle_reasons(self) -> list[str]:
-        """The active clock event reasons (the older name of the query where the newer one is
-        missing)."""
-        try:
-            bits = self._unsigned("nvmlDeviceGetCurrentClocksEventReasons", kind=ctypes.c_ulonglong)
-        except NvmlError:
-            name = "nvmlDeviceGetCurrentClocksThrottleReasons"
-            bits = self._unsigned(name, kind=ctypes.c_ulonglong)
-        return throttle_names(bits)
+        """The active clock event reasons (under the query's older name where the driver's
+        NVML lacks the newer one)."""
+        return throttle_names(self._unsigned(self._reasons_query, kind=ctypes.c_ulonglong))
 
     def process_ids(self) -> list[int]:
         """The compute processes on the GPU."""

@@ -374,7 +374,9 @@ def check_driver(env: str, base_image: str, driver: str, lock: str = "") -> None
     nvidia-smi prints it): the base's CUDA (its name) or, where newer, the CUDA runtime wheel
     of the environment's ``lock`` (its text: torch 2.14's CUDA 13 wheels on a 12.8 base);
     without either, it passes."""
-    needs = [need for need in (_base_cuda(base_image), _lock_cuda(lock)) if need]
+    base = _cuda_in(CUDA_IN_BASE, base_image, f"its image's base ({base_image.split('@')[0]}) has")
+    wheels = _cuda_in(CUDA_IN_LOCK, lock, "its lock's wheels ({match}) bring")
+    needs = [need for need in (base, wheels) if need]
     if not needs or not driver:
         return
     cuda, what = max(needs)
@@ -391,20 +393,12 @@ def check_driver(env: str, base_image: str, driver: str, lock: str = "") -> None
         )
 
 
-def _base_cuda(base_image: str) -> tuple[tuple[int, int], str] | None:
-    match = CUDA_IN_BASE.search(base_image)
+def _cuda_in(pattern: re.Pattern[str], text: str, what: str) -> tuple[tuple[int, int], str] | None:
+    """(CUDA major, minor) that ``pattern`` finds in ``text``, and what says so; None."""
+    match = pattern.search(text)
     if not match:
         return None
-    cuda = (int(match.group(1)), int(match.group(2)))
-    return cuda, f"its image's base ({base_image.split('@')[0]}) has"
-
-
-def _lock_cuda(lock: str) -> tuple[tuple[int, int], str] | None:
-    match = CUDA_IN_LOCK.search(lock)
-    if not match:
-        return None
-    cuda = (int(match.group(1)), int(match.group(2)))
-    return cuda, f"its lock's wheels ({match.group(0)}) bring"
+    return (int(match.group(1)), int(match.group(2))), what.format(match=match.group(0))
 
 
 def _version(text: str) -> tuple[int, ...]:
