@@ -1,18 +1,24 @@
-"""Build (or reuse) the venv of one environment and write its interpreter's path to --link.
+"""Build (or reuse) the venv of one environment and write what it realised to --link (JSON).
 
     python scripts/build_env.py --name torch-2.0 --requirements envs/torch-2.0.txt \\
-        --python 3.10 --dest .cache/envs --link results/envs/torch-2.0.path
+        --python 3.10 --dest .cache/envs --link results/envs/torch-2.0.json
+
+The record holds the venv's interpreter (``python``) and the GPU code of its torch
+(``gpu_code``: torch and CUDA versions, ``torch._C._cuda_getArchFlags()``), read by one
+subprocess in the venv (ptspeed.envs.gpu_code).
 
 Runs from the repository root without the package installed.
 """
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ptspeed.cell.files import write_atomic
+from ptspeed.envs.gpu_code import environment_record, probe_code
 from ptspeed.envs.venvs import INSTALLERS, build_venv, venv_python
 from ptspeed.errors import EnvBuildError
 
@@ -23,7 +29,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requirements", required=True, type=Path, help="hash-locked file")
     parser.add_argument("--python", required=True, help="major.minor, e.g. 3.10")
     parser.add_argument("--dest", required=True, type=Path, help="directory of the venvs")
-    parser.add_argument("--link", required=True, type=Path, help="file to write the path to")
+    parser.add_argument("--link", required=True, type=Path, help="JSON file to write the record to")
     parser.add_argument(
         "--installer",
         choices=INSTALLERS,
@@ -38,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         venv = build_venv(
             args.name, args.requirements, args.python, args.dest, installer=args.installer
         )
-        write_atomic(args.link, f"{venv_python(venv)}\n")
+        python = venv_python(venv)
+        record = environment_record(python, probe_code(python))
+        write_atomic(args.link, json.dumps(record, indent=2) + "\n")
     except (EnvBuildError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

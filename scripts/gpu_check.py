@@ -184,6 +184,20 @@ def torch_version(python: str) -> tuple[str, tuple[int, int], tuple[int, int]]:
     return version, numbers, (int(major), int(minor))  # type: ignore[return-value]
 
 
+def gpu_code_reason(python: str) -> str:
+    """Why the torch of ``python`` has no code for this node's first GPU ('' when it has, or
+    when it cannot tell: its cells then say why CUDA does not work)."""
+    probe = (
+        "import torch; from ptspeed.cell.gpu_code import device_reason; "
+        "print(device_reason(torch, torch.device('cuda', 0)))"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [python, "-c", probe], capture_output=True, text=True, env=environment, check=False
+    )
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
 def expected_status(
     path: CheckedPath, device: str, torch: tuple[int, int], py: tuple[int, int]
 ) -> str:
@@ -382,10 +396,14 @@ def run_paths(
     gpus = len(node_pool().ids) if args.device == "cuda" else 0
     for env in wanted:
         version, torch, python = torch_version(found[env])
+        # A build without code for this GPU refuses every cell (ptspeed.cell.gpu_code).
+        no_code = gpu_code_reason(found[env]) if args.device == "cuda" else ""
         for path in paths:
             if args.device not in path.devices:
                 continue
-            expected = expected_status(path, args.device, torch, python)
+            expected = (
+                "unsupported" if no_code else expected_status(path, args.device, torch, python)
+            )
             left_s = args.budget_s - (time.monotonic() - begun)
             why_not = (
                 f"needs {path.gpus} GPUs, the node has {gpus}"

@@ -189,7 +189,8 @@ def test_steps_table_has_one_row_per_measured_step_of_ok_records(record_paths: l
     assert len(steps) == 2 * len(ok)
     first = steps.iloc[0].to_dict()
     assert first == {
-        "env": "torch-1.13", "model": "resnet50", "variant": "eager", "mode": "train",
+        "platform": "", "env": "torch-1.13", "model": "resnet50", "variant": "eager",
+        "mode": "train",
         "batch_size": 8, "image_size": 96, "seq_len": 128, "trial": 0, "step": 0,
         "step_time_s": 0.1,
     }  # fmt: skip

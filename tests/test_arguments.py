@@ -29,6 +29,7 @@ OTHER_VALUES: dict[str, Any] = {
     "image_size": 96,
     "seq_len": 64,
     "env": "torch-2.0",
+    "platform": "h100",
     "trial": 4,
     "seed": 7,
     "warmup_steps": 5,

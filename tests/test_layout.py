@@ -29,6 +29,7 @@ from ptspeed.plan.layout import (
 )
 
 ENVIRONMENTS = ("host", "host-b", "torch-2.0")
+PLATFORMS = ("a100", "h100")
 
 names = st.from_regex(rf"\A{NAME}\Z", fullmatch=True).filter(lambda name: len(name) <= 64)
 sizes = st.builds(
@@ -44,12 +45,14 @@ used_sizes = st.sets(st.sampled_from(tuple(DEFAULT_SIZES)))
 def cells(draw: st.DrawFn) -> Cell:
     label = size_label(asdict(draw(sizes)), draw(used_sizes))
     place = [draw(st.sampled_from(ENVIRONMENTS)), draw(names), draw(names)]
-    return Cell(*place, draw(st.sampled_from(MODES)), label, draw(st.integers(0, 10**6)))
+    trial = draw(st.integers(0, 10**6))
+    platform = draw(st.sampled_from(("", *PLATFORMS)))
+    return Cell(*place, draw(st.sampled_from(MODES)), label, trial, platform)
 
 
-def snakemake_regex(pattern: str) -> re.Pattern[str]:
+def snakemake_regex(pattern: str, platforms: tuple[str, ...] = PLATFORMS) -> re.Pattern[str]:
     """The pattern with each wildcard replaced by its constraint, as Snakemake matches paths."""
-    constraints = wildcard_constraints(ENVIRONMENTS)
+    constraints = wildcard_constraints(ENVIRONMENTS, platforms)
     parts = re.split(r"\{(\w+)\}", pattern)
     literal, wildcards = parts[::2], parts[1::2]
     groups = [f"(?P<{name}>{constraints[name]})" for name in wildcards]
@@ -63,11 +66,26 @@ def test_cell_path_names_every_coordinate() -> None:
     assert cell.key == "torch-2.0/gpt2/compile/infer/b2-s64"
 
 
+def test_a_platform_is_a_directory_above_the_environment() -> None:
+    cell = Cell("torch-2.0", "gpt2", "compile", "infer", "b2-s64", 4, "h100")
+    assert cell.path == "records/h100/torch-2.0/gpt2/compile/infer/b2-s64/trial4.json"
+    assert Cell.from_path(f"results/{cell.path}") == cell
+    assert cell_from_path(f"results/{cell.path}")["platform"] == "h100"
+
+
+def test_without_platforms_the_constraint_matches_no_platform_directory() -> None:
+    unnamed = snakemake_regex(RECORD_PATTERN, platforms=())
+    assert unnamed.fullmatch("records/host/mlp/eager/train/b8/trial0.json")
+    assert not unnamed.fullmatch("records/a100/host/mlp/eager/train/b8/trial0.json")
+    named = snakemake_regex(RECORD_PATTERN)
+    assert not named.fullmatch("records/b200/host/mlp/eager/train/b8/trial0.json")
+
+
 @given(cells())
 def test_a_cell_is_read_back_from_its_path(cell: Cell) -> None:
     assert Cell.from_path(f"results/{cell.path}") == cell
     read = cell_from_path(f"/abs/results/{cell.path}")
-    place = ("env", "model", "variant", "mode", "trial")
+    place = ("platform", "env", "model", "variant", "mode", "trial")
     assert {key: read[key] for key in place} == {key: getattr(cell, key) for key in place}
     assert {key: read[key] for key in SIZE_KEYS} == parse_size_label(cell.size)
 
@@ -81,8 +99,10 @@ def test_the_wildcard_constraints_match_every_path_the_layout_writes(cell: Cell)
 
 def test_a_cell_from_the_workflows_wildcards() -> None:
     wildcards = {"env": "host", "model": "mlp", "variant": "eager", "mode": "train"}
-    cell = Cell.from_wildcards({**wildcards, "size": "b8", "trial": "2"})
+    cell = Cell.from_wildcards({**wildcards, "size": "b8", "trial": "2", "platform": ""})
     assert cell == Cell("host", "mlp", "eager", "train", "b8", 2)
+    cell = Cell.from_wildcards({**wildcards, "size": "b8", "trial": "2", "platform": "a100/"})
+    assert cell == Cell("host", "mlp", "eager", "train", "b8", 2, "a100")
 
 
 # --- size labels ------------------------------------------------------------------------------
@@ -149,13 +169,13 @@ def test_names_are_what_the_config_schema_accepts() -> None:
     [
         (
             "results/records/torch-2.0/gpt2/compile/train/b2-s64/trial3.json",
-            {"env": "torch-2.0", "model": "gpt2", "variant": "compile", "mode": "train",
-             "trial": 3, "batch_size": 2, "image_size": 224, "seq_len": 64},
+            {"platform": "", "env": "torch-2.0", "model": "gpt2", "variant": "compile",
+             "mode": "train", "trial": 3, "batch_size": 2, "image_size": 224, "seq_len": 64},
         ),
         (
             "/x/records/host/resnet50/eager/infer/b8-i96/trial0.json",
-            {"env": "host", "model": "resnet50", "variant": "eager", "mode": "infer",
-             "trial": 0, "batch_size": 8, "image_size": 96, "seq_len": 128},
+            {"platform": "", "env": "host", "model": "resnet50", "variant": "eager",
+             "mode": "infer", "trial": 0, "batch_size": 8, "image_size": 96, "seq_len": 128},
         ),
         ("records/m/v/train/b8/trial0.json", {}),  # too short: no env
         ("x/records/e/m/v/train/8/trial0.json", {}),

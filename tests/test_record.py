@@ -116,8 +116,8 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
     data = {
         "cell": {
             "model": "mlp", "variant": "eager", "knobs": "eager", "mode": "train",
-            "batch_size": 4, "image_size": 224, "seq_len": 128, "env": "host", "trial": 0,
-            "seed": 0, "warmup_steps": 3, "measured_steps": 10, "numerics_steps": 2,
+            "batch_size": 4, "image_size": 224, "seq_len": 128, "env": "host", "platform": "",
+            "trial": 0, "seed": 0, "warmup_steps": 3, "measured_steps": 10, "numerics_steps": 2,
             "device": "cpu", "threads": 0, "timeout_s": 1800.0, "fault": "",
             "compiler_cache": "", "compiler_cache_cold": False, "numerics_by_first_trial": False,
             "retried_from_batch_size": None,
@@ -151,7 +151,8 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "nccl": "", "tf32_matmul": None, "tf32_cudnn": None, "cudnn_benchmark": None,
             "float32_matmul_precision": "", "allocator_settings": {},
             "cleared_host_variables": {}, "kept_host_variables": {}, "gpu_state": "",
-            "git_commit": "", "git_dirty": None, "hostname": "", "container_image": "",
+            "git_commit": "", "git_dirty": None, "hostname": "", "slurm_job_id": "",
+            "slurm_partition": "", "container_image": "",
             "container_digest": "", "platform": "", "os_release": "",
         },
         "conditions": {

@@ -10,7 +10,7 @@ rule effective_config:
     conda:
         "../../envs/workflow.yaml"
     params:
-        config=effective_config_json(config, DEVICE_CLASS),
+        config=effective_config_json(config, DEVICE_CLASS, PLATFORM_PLAN.to_json()),
     shell:
         "printf '%s\\n' {params.config:q} > {output:q} 2> {log:q}"
 

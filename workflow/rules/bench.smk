@@ -21,7 +21,7 @@ rule cell:
         env_container
     threads: cell_threads()
     resources:
-        **SLURM_RESOURCES,
+        **CELL_JOB_RESOURCES,
         # A constant where it can be: Snakemake calls a function once per job.
         gpu=cell_gpus if DEVICE_CLASS == "cuda" else 0,
         runtime=runtime_minutes(config),

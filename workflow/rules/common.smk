@@ -16,7 +16,9 @@ from ptspeed.plan.cluster import (
 )
 from ptspeed.plan.config import effective_config_json, prepare_config
 from ptspeed.plan.device import detect_device_class
+from ptspeed.plan.platforms import cell_job_resources, platform_plan
 from ptspeed.envs.containers import check_container_config
+from ptspeed.envs.gpu_code import environment_codes
 from ptspeed.envs.realise import Realisation
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.knobs import parse_knobs
@@ -41,7 +43,15 @@ except ConfigError as exc:
 
 RESULTS = config["results"]
 ENVIRONMENTS = config["environments"]
-CELLS = list(cells(config, DEVICE_CLASS))
+# The cluster's GPU types, and the environments that carry no code for one's GPU.
+try:
+    PLATFORM_PLAN = platform_plan(config, environment_codes(config, Path.cwd()))
+except ConfigError as exc:
+    raise WorkflowError(f"config: {exc}") from None
+CELLS = list(cells(config, DEVICE_CLASS, PLATFORM_PLAN.cannot_run))
+if workflow.is_main_process:
+    for reason in PLATFORM_PLAN.cannot_run.values():
+        print(f"ptspeed: not planned: {reason}", file=sys.stderr)
 HOST_PYTHON = shlex.quote(sys.executable)
 
 
@@ -76,11 +86,16 @@ if workflow.is_main_process:
             check_variant_gpus(config["variants"], gpu_limit())
         except ConfigError as exc:
             raise WorkflowError(f"config: {exc}") from None
-SLURM_RESOURCES = slurm_resources(config["cluster"])
+try:
+    CELL_JOB_RESOURCES = cell_job_resources(
+        PLATFORM_PLAN, slurm_resources(config["cluster"]), DEVICE_CLASS == "cuda"
+    )
+except ConfigError as exc:
+    raise WorkflowError(f"config: {exc}") from None
 
 
 wildcard_constraints:
-    **wildcard_constraints(ENVIRONMENTS),
+    **wildcard_constraints(ENVIRONMENTS, PLATFORM_PLAN.names),
 
 
 def record_paths(wildcards):

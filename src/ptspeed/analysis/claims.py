@@ -72,6 +72,9 @@ def verdict(
         return NOT_MEASURED, (
             f"claimed on {claims[group].get('device', claimed_on)}; this run measured on {measured}"
         )
+    other_gpu = _other_gpu(claims[group], row)
+    if other_gpu:
+        return NOT_MEASURED, other_gpu
     if math.isnan(row.get("speedup_low", math.nan)):
         return MEASURED, "too few ok trials for an interval"
     achieved = row.get("speedup_confidence", math.nan)
@@ -90,6 +93,18 @@ def verdict(
     )
     outcome = ranks.compare_to_claim(ratio, row["published_speedup"])
     return CLAIM_VERDICTS[outcome], _claim_context(claims[group], row, achieved)
+
+
+def _other_gpu(group: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    """Why a claim made on one GPU model (the group's ``gpu``, e.g. A100) is not judged by a
+    row measured on another; '' where it is measured on that model (or names none)."""
+    model = str(group.get("gpu") or "")
+    measured = str(row.get("measured_device") or "")
+    if not model or not measured or model.lower() in measured.lower():
+        return ""
+    platform = f"platform {row['platform']} " if row.get("platform") else ""
+    claimed = group.get("device") or model
+    return f"claimed on {claimed}; {platform}measured on {measured}: another GPU"
 
 
 def _claim_context(group: Mapping[str, Any], row: Mapping[str, Any], achieved: float) -> str:

@@ -78,6 +78,8 @@ PROVENANCE_COLUMNS = [
     "cuda_visible_devices",
     "gpu_assignment",
     "hostname",
+    "slurm_job_id",
+    "slurm_partition",
     # TF32 and cudnn.benchmark as the cell ran with them (absent from older records).
     "tf32_matmul",
     "tf32_cudnn",
@@ -102,7 +104,7 @@ RUNS_COLUMNS = [
     *RERUN_COLUMNS,
 ]
 
-CELL_KEYS = ["env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
+CELL_KEYS = ["platform", "env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
 # What torch.compile did in a cell (ptspeed.cell.compiler), as the summary carries it: the
 # median of each count over the cell's ok trials (blank where no trial counted: cells that do
 # not compile) and its first graph-break reasons; the speedups carry each side's.
@@ -143,6 +145,7 @@ SUMMARY_COLUMNS = [
 _SPEEDUP_COLUMN_IS_TEXT = {
     "comparison": True,
     "title": True,
+    "platform": True,
     "model": True,
     "mode": True,
     **dict.fromkeys(SIZE_KEYS, False),
@@ -329,3 +332,10 @@ def read_table(path: str | Path) -> pd.DataFrame:
     (a CUDA version '11.7' or a commit '1234567' must not turn into a number)."""
     text_columns = {column: str for column in TEXT_COLUMNS}
     return pd.read_csv(path, dtype=text_columns, keep_default_na=False, na_values=[""])
+
+
+def platform_column(frame: pd.DataFrame) -> pd.Series:
+    """The frame's platforms, '' where there are none (tables from before platforms)."""
+    if "platform" not in frame.columns:
+        return pd.Series("", index=frame.index, dtype=object)
+    return frame["platform"].fillna("").astype(str)

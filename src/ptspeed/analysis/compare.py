@@ -31,14 +31,19 @@ from typing import Any
 import pandas as pd
 
 from ptspeed.analysis import ranks, stats
-from ptspeed.analysis.columns import ALPHA, CELL_KEYS, CONFIDENCE, read_table
+from ptspeed.analysis.columns import ALPHA, CELL_KEYS, CONFIDENCE, platform_column, read_table
 from ptspeed.analysis.conditions import counted_in_speedups
 from ptspeed.analysis.summary import status_counts
-from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, size_label
+from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, platform_directory, size_label
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
 DEFAULT_THRESHOLD = 0.05
-REQUIRED_COLUMNS = [*CELL_KEYS, "status", "throughput_samples_per_s"]
+# Tables from before platforms have no platform column: they are one unnamed platform.
+REQUIRED_COLUMNS = [
+    *(key for key in CELL_KEYS if key != "platform"),
+    "status",
+    "throughput_samples_per_s",
+]
 COMPARE_COLUMNS = [
     "mark",
     *CELL_KEYS,
@@ -118,7 +123,9 @@ def cells_of(
     """Per cell: its ok throughputs (finite, positive; not perturbed unless ``keep_perturbed``)
     and all its statuses. Rows whose cell is unknown (an unreadable file outside the workflow's
     layout) cannot be matched and are left out."""
+    # Only the same platform is compared across runs; a run without platforms is one unnamed.
     known = runs[runs["env"].notna()]
+    known = known.assign(platform=platform_column(known))
     rates = pd.to_numeric(known["throughput_samples_per_s"], errors="coerce")
     rates = rates.where(
         counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
@@ -320,7 +327,9 @@ def display_rows(compared: pd.DataFrame) -> list[list[str]]:
 
 def cell_label(row: Mapping[str, Any]) -> str:
     place = {key: row[key] for key in ("env", "model", "variant", "mode")}
-    return PLACE_PATTERN.format(**place, size=size_label({k: _integer(row[k]) for k in SIZE_KEYS}))
+    platform = platform_directory(row.get("platform") or "")
+    size = size_label({k: _integer(row[k]) for k in SIZE_KEYS})
+    return PLACE_PATTERN.format(**place, platform=platform, size=size)
 
 
 def _integer(value: Any) -> str:

@@ -26,6 +26,7 @@ from ptspeed.analysis.columns import (
     CONFIDENCE,
     SIZE_KEYS,
     SPEEDUP_COLUMNS,
+    platform_column,
 )
 from ptspeed.analysis.conditions import counted_in_speedups
 from ptspeed.analysis.energy import JOULES_PER_SAMPLE
@@ -81,11 +82,25 @@ def speedups(
     index = _Index(_summary_index(summary), sides)
     rows = []
     for name, comparison in config["comparisons"].items():
-        for model in config["models"]:
-            for mode in config["modes"]:
-                rows.append(_speedup_row(index, config, claims, name, comparison, model, mode))
+        for platform in platform_names(config):
+            for model in config["models"]:
+                for mode in config["modes"]:
+                    place = (platform, model, mode)
+                    rows.append(_speedup_row(index, config, claims, name, comparison, place))
         rows.extend(_unmatrixed_claim_rows(config, claims, name, comparison))
     return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
+
+
+def platform_names(config: Mapping[str, Any]) -> list[str]:
+    """The platforms of a run's config ('' alone for a run without platforms)."""
+    return list(config.get("platforms") or {}) or [""]
+
+
+def not_planned(config: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """Why each (platform, environment) pair the plan left out was left out: the effective
+    config's ``platform_plan`` (ptspeed.plan.platforms)."""
+    plan = config.get("platform_plan") or {}
+    return {(row["platform"], row["env"]): row["reason"] for row in plan.get("cannot_run", [])}
 
 
 def check_speedup_config(config: Mapping[str, Any]) -> None:
@@ -109,7 +124,7 @@ def _shape_name(shape: type | tuple[type, ...]) -> str:
 def _summary_index(summary: pd.DataFrame) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
     index: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in summary.to_dict("records"):
-        key = (row["env"], row["variant"], row["model"], row["mode"])
+        key = (_platform_of(row), row["env"], row["variant"], row["model"], row["mode"])
         index.setdefault(key, []).append(row)
     return index
 
@@ -118,16 +133,18 @@ def _side_index(runs: pd.DataFrame, config: Mapping[str, Any]) -> dict[tuple[Any
     ok = runs[runs["status"] == "ok"]
     counted = counted_in_speedups(ok, config)
     perturbed = ok["perturbed"] if "perturbed" in ok.columns else pd.Series(False, ok.index)
-    names = ["env", "variant", "model", "mode", *SIZE_KEYS, "throughput_samples_per_s"]
+    ok = ok.assign(platform=platform_column(ok))
+    names = ["platform", "env", "variant", "model", "mode", *SIZE_KEYS, "throughput_samples_per_s"]
     names += ["knobs", "device_name", "device_index", "numerics_precision", JOULES_PER_SAMPLE]
     index: dict[tuple[Any, ...], _Side] = {}
     rows = zip(ok[names].itertuples(index=False, name=None), counted, perturbed, strict=True)
     for row, is_counted, is_perturbed in rows:
-        env, variant, model, mode, *sizes = row[:7]
-        rate, knobs, device_name, device_index, precision, joules = row[7:]
+        platform, env, variant, model, mode, *sizes = row[:8]
+        rate, knobs, device_name, device_index, precision, joules = row[8:]
         if any(pd.isna(v) for v in sizes) or not (rate > 0 and math.isfinite(rate)):
             continue
-        side = index.setdefault((env, variant, model, mode, *map(int, sizes)), _Side())
+        key = (platform, env, variant, model, mode, *map(int, sizes))
+        side = index.setdefault(key, _Side())
         side.perturbed += int(not pd.isna(is_perturbed) and bool(is_perturbed))
         if not is_counted:
             continue
@@ -137,6 +154,12 @@ def _side_index(runs: pd.DataFrame, config: Mapping[str, Any]) -> dict[tuple[Any
         side.devices[_device_label(device_name, device_class)] = None
         side.precisions[precision_of(precision, knobs, device_class)] = None
     return index
+
+
+def _platform_of(row: Mapping[str, Any]) -> str:
+    """A row's platform: '' for a run without platforms (and for tables from before them)."""
+    platform = row.get("platform")
+    return "" if platform is None or pd.isna(platform) else str(platform)
 
 
 def _device_label(device_name: Any, device_class: str) -> str:
@@ -149,28 +172,36 @@ def _speedup_row(
     claims: Mapping[str, Any],
     name: str,
     comparison: Mapping[str, Any],
-    model: str,
-    mode: str,
+    place: tuple[str, str, str],
 ) -> dict[str, Any]:
+    platform, model, mode = place
     base_spec, cand_spec = comparison["baseline"], comparison["candidate"]
-    base_rows = index.cells.get((base_spec["env"], base_spec["variant"], model, mode), [])
-    cand_rows = index.cells.get((cand_spec["env"], cand_spec["variant"], model, mode), [])
+    base_rows = index.cells.get((platform, base_spec["env"], base_spec["variant"], model, mode), [])
+    cand_rows = index.cells.get((platform, cand_spec["env"], cand_spec["variant"], model, mode), [])
     configured = configured_sizes(config, model, config.get("device")) or {}
     size = _chosen_size(base_rows, cand_rows, configured)
     base, cand = _at_size(base_rows, size), _at_size(cand_rows, size)
     row = {
         **_comparison_fields(name, comparison, claims, model),
+        "platform": platform,
         "mode": mode,
         **dict(zip(SIZE_KEYS, size or (pd.NA,) * len(SIZE_KEYS), strict=True)),
         **_side("baseline", base),
         **_side("candidate", cand),
     }
-    sides = _trial_sides(index, base_spec, cand_spec, model, mode, size)
+    sides = _trial_sides(index, base_spec, cand_spec, place, size)
     row.update(_counted_trials("baseline", sides[0]) | _counted_trials("candidate", sides[1]))
     row["speedup"] = _ratio(row["candidate_samples_per_s"], row["baseline_samples_per_s"])
     row.update(_interval(*sides, row["speedup"]))
     row.update(_measured_on(*sides))
     row["verdict"], row["verdict_reason"] = verdict(row, claims, config.get("device", ""))
+    left_out = [
+        reason
+        for spec in (base_spec, cand_spec)
+        if (reason := not_planned(config).get((platform, spec["env"])))
+    ]
+    if left_out:
+        row["verdict"], row["verdict_reason"] = NOT_MEASURED, "; ".join(dict.fromkeys(left_out))
     return row
 
 
@@ -209,6 +240,7 @@ def _unmatrixed_claim_rows(
             continue
         row = {
             **_comparison_fields(name, comparison, claims, model),
+            "platform": "",
             "mode": "",
             **dict.fromkeys(SIZE_KEYS, pd.NA),
             **_side("baseline", None),
@@ -226,14 +258,14 @@ def _trial_sides(
     index: _Index,
     base_spec: Mapping[str, Any],
     cand_spec: Mapping[str, Any],
-    model: str,
-    mode: str,
+    place: tuple[str, str, str],
     size: tuple[int, ...] | None,
 ) -> tuple[_Side | None, _Side | None]:
     if index.sides is None or size is None:
         return None, None
-    base = index.sides.get((base_spec["env"], base_spec["variant"], model, mode, *size))
-    cand = index.sides.get((cand_spec["env"], cand_spec["variant"], model, mode, *size))
+    platform, model, mode = place
+    base = index.sides.get((platform, base_spec["env"], base_spec["variant"], model, mode, *size))
+    cand = index.sides.get((platform, cand_spec["env"], cand_spec["variant"], model, mode, *size))
     return base, cand
 
 

@@ -27,6 +27,7 @@ from ptspeed.plan.layout import (
     DEVICE_CLASSES,
     SIZE_KEYS,
     configured_sizes,
+    platform_directory,
     size_label,
 )
 
@@ -54,6 +55,7 @@ def stale_reason(
 def describe_cell(cell: Mapping[str, Any]) -> str:
     """``env/model/variant/mode/b8-i224-s128/trial0``."""
     fields = {key: cell.get(key) for key in PLACE_FIELDS}
+    fields["platform"] = platform_directory(cell.get("platform") or "")
     return CELL_PATTERN.format(**fields, size=size_label({key: cell.get(key) for key in SIZE_KEYS}))
 
 
@@ -61,6 +63,7 @@ def _misplaced(cell: Mapping[str, Any], path_cell: Mapping[str, Any]) -> list[st
     if not path_cell:
         return []
     place_differs = any(cell.get(key) != path_cell.get(key) for key in PLACE_FIELDS)
+    place_differs |= (cell.get("platform") or "") != (path_cell.get("platform") or "")
     # A path's size label names only the sizes its model uses.
     sizes_differ = not _sizes_match(cell, path_cell, _used_sizes(cell.get("model")))
     if place_differs or sizes_differ:
@@ -76,6 +79,9 @@ def _outside_matrix(cell: Mapping[str, Any], config: Mapping[str, Any]) -> list[
     models = config.get("models")
     if isinstance(models, Mapping) and model not in models:
         problems.append(f"model {model} is not in the config")
+    platform, platforms = cell.get("platform") or "", config.get("platforms") or {}
+    if platform and platform not in platforms:
+        problems.append(f"platform {platform} is not in the config's platforms")
     modes = config.get("modes")
     if isinstance(modes, list) and cell.get("mode") not in modes:
         problems.append(f"mode {cell.get('mode')} is not in the config's modes")

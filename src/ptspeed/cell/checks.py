@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from ptspeed.cell.gpu_code import FAKED_GPU_FAULTS
 from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import CellSpec
 from ptspeed.errors import BadInput
@@ -28,6 +29,7 @@ FAULTS = (
     "rank-crash",
     "rank-slow-sampling",
     "neighbour",
+    *FAKED_GPU_FAULTS,  # sm-90: the cell's GPU reports compute capability 9.0
 )
 # The last rank of a ddp/fsdp cell raises, dies, or samples the node slowly.
 RANK_FAULTS = ("rank-error", "rank-crash", "rank-slow-sampling")

@@ -19,7 +19,11 @@ half the batch size (``--oom-retry``) succeeds, ``neighbour``: a noisy neighbour
 spinning on every CPU of the node through the measured window (:func:`noisy_neighbours`), so
 that the trial is really perturbed, and ``rank-slow-sampling``: the last rank of a ddp/fsdp
 cell takes a second longer to sample the node before its window (as ``nvidia-smi`` can), which
-must not reach any rank's clock.
+must not reach any rank's clock. ``sm-XY`` (``sm-90``, ``sm-80``, … one per capability of
+:data:`ptspeed.cell.gpu_code.KNOWN_GPUS`): the cell's GPU reports compute capability X.Y (a
+well-known GPU of it by name), also on the CPU, so that the refusal of a GPU the build has no code
+for (:func:`ptspeed.cell.gpu_code.device_reason`) is tested without one; where the code runs on
+it, the cell runs as usual on its device.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ NEIGHBOURS_PER_CPU = 8
 SPIN = "while True: pass"
 SELECTOR_FIELDS = ("env", "model", "variant", "mode", "trial")
 _PART = r"(?:\*|[A-Za-z0-9][A-Za-z0-9._-]*)"
-_ENTRY = re.compile(rf"({_PART}(?:/{_PART}){{4}})=([a-z-]+)")
+_ENTRY = re.compile(rf"({_PART}(?:/{_PART}){{4}})=([a-z][a-z0-9-]*)")
 
 
 def parse_faults(text: str) -> list[tuple[tuple[str, ...], str]]:

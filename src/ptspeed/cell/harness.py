@@ -1,6 +1,7 @@
 """Run one benchmark cell in this process and return its record.
 
-The order of a cell: build the model and a synthetic batch from the seed; apply the variant's
+The order of a cell: refuse a GPU that the build has no code for (:mod:`ptspeed.cell.gpu_code`);
+build the model and a synthetic batch from the seed; apply the variant's
 process-wide switches (TF32, cuDNN autotuning, memory fraction); start the device's libraries
 the same way in every torch version; warm up (the first step, which holds compilation, timed
 on its own; then the knob's one-off calls, the check steps and any step that still compiles,
@@ -34,6 +35,7 @@ from ptspeed.cell.device import (
     use_compiler_cache,
 )
 from ptspeed.cell.faults import NEIGHBOUR, SLOW_SAMPLING, SLOW_SAMPLING_S, noisy_neighbours
+from ptspeed.cell.gpu_code import device_reason
 from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_for_model
 from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
@@ -166,6 +168,9 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     if threads:
         torch.set_num_threads(threads)
     record.provenance = collect(torch, device)
+    no_code = device_reason(torch, device, spec.fault)  # else "no kernel image" at the first step
+    if no_code:
+        raise Unsupported(no_code)
     knobs = parse_knobs(spec.knobs)
     model_spec = get_model(spec.model)
     versions = torch_version(), python_version()

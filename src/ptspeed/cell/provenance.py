@@ -47,6 +47,8 @@ def collect_base() -> Provenance:
         git_commit=commit,
         git_dirty=dirty,
         hostname=socket.gethostname(),
+        slurm_job_id=os.environ.get("SLURM_JOB_ID", ""),
+        slurm_partition=os.environ.get("SLURM_JOB_PARTITION", ""),
         container_image=_container_image(),
         container_digest=_container_digest(),
         platform=f"{platform.system()} {platform.release()} {platform.machine()}",

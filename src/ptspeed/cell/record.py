@@ -49,6 +49,11 @@ class CellSpec:
     image_size: int = _doc("Image side in pixels (image models).", DEFAULT_IMAGE_SIZE)
     seq_len: int = _doc("Sequence length in tokens (text models).", DEFAULT_SEQ_LEN)
     env: str = _doc("Name of the PyTorch environment the cell ran in.", "host")
+    platform: str = _doc(
+        "The cluster's GPU type the cell was planned for (config platforms); '' for a run on "
+        "one machine.",
+        "",
+    )
     trial: int = _doc("Trial index; trials are independent processes.", 0)
     seed: int = _doc("Seed for weights and synthetic data.", 0)
     warmup_steps: int = _doc("Steps run before measuring (the first holds compilation).", 3)
@@ -447,6 +452,10 @@ class Provenance:
         "Whether the checkout had uncommitted changes or untracked files.", None
     )
     hostname: str = _doc("Host name.", "")
+    slurm_job_id: str = _doc("SLURM_JOB_ID of the cell's job ('' outside SLURM).", "")
+    slurm_partition: str = _doc(
+        "SLURM_JOB_PARTITION: the partition the cell's job ran in ('' outside SLURM).", ""
+    )
     container_image: str = _doc("Container image (name or digest), '' outside containers.", "")
     container_digest: str = _doc(
         "Digest (sha256:…) of the container image, '' outside containers or when unknown.", ""

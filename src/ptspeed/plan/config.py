@@ -103,10 +103,13 @@ def prepare_config(
     return device_class
 
 
-def effective_config_json(config: Mapping[str, Any], device_class: str) -> str:
+def effective_config_json(
+    config: Mapping[str, Any], device_class: str, platform_plan: Mapping[str, Any] | None = None
+) -> str:
     """The config as the cells saw it, with device auto resolved to the class used (in the
-    config's order: comparisons as listed)."""
-    return json.dumps({**config, "device": device_class})
+    config's order: comparisons as listed), and the plan of its platforms
+    (ptspeed.plan.platforms.PlatformPlan.to_json: what could not run where, and why)."""
+    return json.dumps({**config, "device": device_class, "platform_plan": platform_plan or {}})
 
 
 def _check_claims(config: Mapping[str, Any], claims_path: Path) -> None:

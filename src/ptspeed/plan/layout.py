@@ -1,7 +1,9 @@
 """Where a cell's record lives, and how the path writes the cell's sizes.
 
-A cell is ``<env>/<model>/<variant>/<mode>/<size>/trial<N>``, and its record is
-``records/<cell>.json`` under the results directory. The size is a label,
+A cell is ``[<platform>/]<env>/<model>/<variant>/<mode>/<size>/trial<N>``, and its record is
+``records/<cell>.json`` under the results directory. The platform (a GPU type of the cluster,
+config ``platforms``) is there only where the config names platforms: a run on one machine is
+one unnamed platform, and its paths are as they always were. The size is a label,
 ``b<batch_size>[-i<image_size>][-s<seq_len>]``: the batch size and those sizes the model uses,
 so that a size the model ignores never splits its cells. A size the label leaves out is at its
 default, which the cell takes when none is given.
@@ -32,7 +34,8 @@ NAME = r"[a-z0-9][a-z0-9._-]*"
 # A whole number as Python writes it: no sign, no leading zeros.
 NUMBER = r"(?:0|[1-9][0-9]*)"
 RECORDS = "records"
-PLACE_PATTERN = "{env}/{model}/{variant}/{mode}/{size}"
+# The platform wildcard holds its directory with the slash ("a100/"), or nothing.
+PLACE_PATTERN = "{platform}{env}/{model}/{variant}/{mode}/{size}"
 CELL_PATTERN = f"{PLACE_PATTERN}/trial{{trial}}"
 RECORD_PATTERN = f"{RECORDS}/{CELL_PATTERN}.json"
 
@@ -58,34 +61,48 @@ class Cell:
     mode: str
     size: str
     trial: int
+    platform: str = ""
 
     @property
     def key(self) -> str:
-        """The cell without its trial: ``env/model/variant/mode/size``."""
-        return PLACE_PATTERN.format(**vars(self))
+        """The cell without its trial: ``[platform/]env/model/variant/mode/size``."""
+        return PLACE_PATTERN.format(**self._wildcards())
 
     @property
     def path(self) -> str:
         """The record's path under the results directory."""
-        return RECORD_PATTERN.format(**vars(self))
+        return RECORD_PATTERN.format(**self._wildcards())
+
+    def _wildcards(self) -> dict[str, Any]:
+        return {**vars(self), "platform": platform_directory(self.platform)}
 
     @classmethod
     def from_wildcards(cls, wildcards: Mapping[str, str]) -> Cell:
         """The cell of a job of the workflow's rule cell."""
         place = {key: wildcards[key] for key in ("env", "model", "variant", "mode", "size")}
-        return cls(**place, trial=int(wildcards["trial"]))
+        platform = wildcards["platform"].rstrip("/")
+        return cls(**place, trial=int(wildcards["trial"]), platform=platform)
 
     @classmethod
     def from_path(cls, path: str | PurePath) -> Cell | None:
-        """The cell a record path names (``.../records/<cell>.json``), else None."""
+        """The cell a record path names (``.../records/[<platform>/]<cell>.json``), else None."""
         parts = PurePath(path).parts
-        if len(parts) < 7 or parts[-7] != RECORDS:
+        if len(parts) >= 7 and parts[-7] == RECORDS:
+            platform = ""
+        elif len(parts) >= 8 and parts[-8] == RECORDS and re.fullmatch(NAME, parts[-7]):
+            platform = parts[-7]
+        else:
             return None
         env, model, variant, mode, size, name = parts[-6:]
         trial = _TRIAL_FILE.fullmatch(name)
         if trial is None or parse_size_label(size) is None:
             return None
-        return cls(env, model, variant, mode, size, int(trial[1]))
+        return cls(env, model, variant, mode, size, int(trial[1]), platform)
+
+
+def platform_directory(platform: str) -> str:
+    """What a platform adds to a cell's path: ``a100/``, or nothing for the unnamed one."""
+    return f"{platform}/" if platform else ""
 
 
 def cell_from_path(path: str | PurePath) -> dict[str, Any]:
@@ -93,7 +110,8 @@ def cell_from_path(path: str | PurePath) -> dict[str, Any]:
     cell = Cell.from_path(path)
     if cell is None:
         return {}
-    place = {key: getattr(cell, key) for key in ("env", "model", "variant", "mode", "trial")}
+    keys = ("platform", "env", "model", "variant", "mode", "trial")
+    place = {key: getattr(cell, key) for key in keys}
     return {**place, **(parse_size_label(cell.size) or {})}
 
 
@@ -129,10 +147,14 @@ def configured_sizes(
     return {"batch_size": entry["batch_size"], **defaults}
 
 
-def wildcard_constraints(environments: Iterable[str]) -> dict[str, str]:
+def wildcard_constraints(
+    environments: Iterable[str], platforms: Iterable[str] = ()
+) -> dict[str, str]:
     """The regular expressions of the workflow's wildcards: each matches exactly what the
-    paths above are made of (``environments``: the configured names)."""
+    paths above are made of (``environments``, ``platforms``: the configured names)."""
+    named = "|".join(re.escape(platform_directory(name)) for name in platforms if name)
     return {
+        "platform": f"(?:{named})?" if named else "(?:)",
         "env": "|".join(map(re.escape, environments)),
         "model": NAME,
         "variant": NAME,

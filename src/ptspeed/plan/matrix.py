@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -21,6 +21,7 @@ from ptspeed.cell.record import CellSpec
 from ptspeed.errors import BadInput, ConfigError
 from ptspeed.models import REGISTRY, Sizes, check_sizes
 from ptspeed.plan.layout import Cell, configured_sizes, size_label
+from ptspeed.plan.platforms import configured_platforms
 
 MINUTES_OF_SLACK = 5
 
@@ -99,6 +100,7 @@ def cell_spec(
         image_size=sizes.image_size,
         seq_len=sizes.seq_len,
         env=cell.env,
+        platform=cell.platform,
         trial=cell.trial,
         warmup_steps=steps["warmup"],
         measured_steps=steps["measured"],
@@ -148,17 +150,25 @@ def env_variant_pairs(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     return list(pairs)
 
 
-def cells(config: Mapping[str, Any], device_class: str) -> Iterator[Cell]:
-    """Every cell of the matrix. Trials are the outer loop, so that in order of listing the
-    trials of baseline and candidate alternate instead of running back to back."""
+def cells(
+    config: Mapping[str, Any],
+    device_class: str,
+    cannot_run: Container[tuple[str, str]] = (),
+) -> Iterator[Cell]:
+    """Every cell of the matrix, on every platform, but for the (platform, environment) pairs
+    of ``cannot_run``. Trials are the outer loop, so that in order of listing the trials of
+    baseline and candidate alternate instead of running back to back."""
     pairs = env_variant_pairs(config)
+    platforms = [platform.name for platform in configured_platforms(config)]
     for trial in range(config["trials"]):
-        for model in config["models"]:
-            sizes = asdict(model_sizes(config, model, device_class))
-            size = size_label(sizes, REGISTRY[model].uses)
-            for mode in config["modes"]:
-                for env, variant in pairs:
-                    yield Cell(env, model, variant, mode, size, trial)
+        for platform in platforms:
+            for model in config["models"]:
+                sizes = asdict(model_sizes(config, model, device_class))
+                size = size_label(sizes, REGISTRY[model].uses)
+                for mode in config["modes"]:
+                    for env, variant in pairs:
+                        if (platform, env) not in cannot_run:
+                            yield Cell(env, model, variant, mode, size, trial, platform)
 
 
 def runtime_minutes(config: Mapping[str, Any]) -> int:

@@ -65,8 +65,63 @@ def environments_section(inputs: ReportInputs) -> Section:
             "records disagree). GPU is blank for runs on the CPU. TF32 and cudnn.benchmark, "
             "where the records state them, are the settings each column ran with."
         ),
-        blocks=[Block(table=Table.of(columns, records if groups else []))],
+        blocks=[
+            *platform_blocks(inputs.config, recorded),
+            Block(table=Table.of(columns, records if groups else [])),
+        ],
     )
+
+
+def platform_blocks(config: Mapping[str, Any], recorded: pd.DataFrame) -> list[Block]:
+    """What each platform can run: one row per environment, its GPU code, and per platform
+    'runs' or why it cannot (from the plan; for a probed GPU, from its cells' records)."""
+    plan = config.get("platform_plan") or {}
+    platforms = [p for p in plan.get("platforms", []) if p.get("name")]
+    if not platforms:
+        return []
+    cannot = {(row["platform"], row["env"]): row["reason"] for row in plan.get("cannot_run", [])}
+    codes = plan.get("codes") or {}
+    rows = []
+    for env in config.get("environments") or {}:
+        row = {"env": env, "code": _code_label(codes.get(env))}
+        for platform in platforms:
+            name = platform["name"]
+            reason = cannot.get((name, env))
+            row[name] = f"cannot: {reason}" if reason else _probed(recorded, name, env, platform)
+        rows.append(row)
+    columns = [
+        Column("environment", given("env")),
+        Column("GPU code it carries", given("code"), wrap=True),
+        *(Column(f"{p['name']}: {p['gpu_label']}", given(p["name"]), wrap=True) for p in platforms),
+    ]
+    note = (
+        "A build runs on a GPU where it carries a cubin of the GPU's major version at or below "
+        "its minor version, or PTX at or below its capability (CUDA's rule). Cells that cannot "
+        "run on a platform were not submitted there; a probed platform's cells check on arrival."
+    )
+    return [Block(table=Table.of(columns, rows), heading="What each platform can run", note=note)]
+
+
+def _code_label(code: Mapping[str, Any] | None) -> str:
+    if not code:
+        return "unknown (checked by each cell)"
+    flags = code.get("arch_flags") or "none (CPU-only build)"
+    cuda = code.get("cuda_version")
+    return f"torch {code.get('torch_version')}" + (f", CUDA {cuda}" if cuda else "") + f": {flags}"
+
+
+def _probed(recorded: pd.DataFrame, platform: str, env: str, declared: Mapping[str, Any]) -> str:
+    """'runs' where the plan knew the GPU; for a probed one, what its records found."""
+    if declared.get("capability") is not None:
+        return "runs"
+    if "platform" not in recorded.columns:
+        return "not yet run"
+    cells = recorded[(recorded["platform"] == platform) & (recorded["env"] == env)]
+    refused = cells[cells["reason"].astype(str).str.contains("has no code for", regex=False)]
+    if len(refused):
+        return f"cannot: {refused['reason'].iloc[0]}"
+    ran = cells[cells["status"] == "ok"]
+    return f"runs on {_distinct(ran['device_name'])}" if len(ran) else "not yet run"
 
 
 def _environment_rows(

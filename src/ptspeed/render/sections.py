@@ -47,6 +47,8 @@ from ptspeed.render.tables import (
     SUMMARY_TABLE,
     Table,
     compiler_counts,
+    rows_by_platform,
+    seed_table_by_platform,
     version_columns,
     version_rows,
 )
@@ -80,7 +82,13 @@ def _comparison_block(
     first = rows.iloc[0]
     records = rows.to_dict("records")
     compiled = any(compiler_counts("candidate_")(row) != BLANK for row in records)
-    table = Table.of(COMPILED_SEED_TABLE if compiled else SEED_TABLE, records)
+    named = (row.get("platform") for row in records)
+    platforms = list(dict.fromkeys(name for name in named if not is_blank(name)))
+    if len(platforms) > 1:
+        columns = seed_table_by_platform(platforms, compiled)
+        table = Table.of(columns, rows_by_platform(records))
+    else:
+        table = Table.of(COMPILED_SEED_TABLE if compiled else SEED_TABLE, records)
     sides = (
         f"baseline {first['baseline_env']}/{first['baseline_variant']} → "
         f"candidate {first['candidate_env']}/{first['candidate_variant']}"

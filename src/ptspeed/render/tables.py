@@ -164,6 +164,40 @@ COMPILED_SEED_TABLE = [
     *_SEED_CLAIMED,
 ]
 
+
+def seed_table_by_platform(platforms: Sequence[str], compiled: bool) -> list[Column]:
+    """The seed table of a run on several platforms: model, mode and batch, then one group of
+    columns per platform (baseline, candidate, speedup, verdict), then the published figures.
+    Its rows hold each platform's speedups row under ``platforms`` (:func:`rows_by_platform`)."""
+    shared, measured = _SEED_MEASURED[:3], _SEED_MEASURED[3:]
+    per_platform = [*measured, _SEED_CLAIMED[1]]
+    if compiled:
+        per_platform.insert(len(measured), Column(COMPILER_HEADER, _sides_compiler_counts))
+    columns = [*shared]
+    for platform in platforms:
+        columns += [_on_platform(platform, column) for column in per_platform]
+    return [*columns, _SEED_CLAIMED[0]]
+
+
+def _on_platform(platform: str, column: Column) -> Column:
+    def value(row: Row) -> str:
+        of_platform = row["platforms"].get(platform)
+        return column.value(of_platform) if of_platform is not None else BLANK
+
+    return Column(f"{platform}: {column.header}", value, column.align, column.wrap)
+
+
+def rows_by_platform(records: Sequence[Row]) -> list[dict[str, Any]]:
+    """One row per model and mode from speedups rows of several platforms, each platform's row
+    under ``platforms``; the published figures and sizes from the first."""
+    rows: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for record in records:
+        key = (record["model"], record["mode"])
+        row = rows.setdefault(key, {**record, "platforms": {}})
+        row["platforms"][record["platform"]] = record
+    return list(rows.values())
+
+
 CLAIMS_TABLE = [
     Column("claim", given("claim")),
     Column("source", text("source"), wrap=True),
