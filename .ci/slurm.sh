@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A one-node SLURM cluster for CI, without systemd: `.ci/slurm.sh start` installs the Debian
-# packages if missing, writes slurm.conf and gres.conf (two fake GPUs backed by /dev/null),
+# packages if missing, writes slurm.conf and gres.conf (two fake GPUs backed by /dev/null, of
+# types a100 and h100, and a partition of each name beside the default `ci`, so that a run with
+# two platforms sends each one's cells to its own partition),
 # starts munged, slurmctld and slurmd and waits until the node is idle; `.ci/slurm.sh stop`
 # cancels the jobs left and stops the daemons. Both are idempotent; every wait is bounded.
 # Needs root (packages, /etc/slurm, daemons). The cluster keeps no accounting database
@@ -10,7 +12,8 @@ set -euo pipefail
 STATE=${PTSPEED_SLURM_STATE:-/var/lib/ptspeed-slurm}
 CONF_DIR=/etc/slurm
 MARKER="# written by ptspeed .ci/slurm.sh"
-FAKE_GPUS=2
+# One fake GPU of each type; each type is also a partition (tests/test_slurm.py's platforms).
+FAKE_GPU_TYPES=(a100 h100)
 WAIT_S=${PTSPEED_SLURM_WAIT_S:-60}
 
 say() { echo "slurm.sh: $*" >&2; }
@@ -59,18 +62,29 @@ ReturnToService=2
 # Finished jobs stay visible to squeue for 5 minutes: Snakemake's status queries need that.
 MinJobAge=300
 SchedulerParameters=sched_interval=2
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$(real_memory_mb) Gres=gpu:$FAKE_GPUS State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$(real_memory_mb) Gres=$(node_gres) State=UNKNOWN
 PartitionName=ci Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    for type in "${FAKE_GPU_TYPES[@]}"; do
+        echo "PartitionName=$type Nodes=ALL MaxTime=INFINITE State=UP" >>"$CONF_DIR/slurm.conf"
+    done
     # Fake GPUs: one name per device (slurmd rejects a file named twice), each /dev/null.
     mkdir -p "$STATE/dev"
     {
         echo "$MARKER: fake GPUs, so that GPU requests can be scheduled; no device behind them."
-        for index in $(seq 0 $((FAKE_GPUS - 1))); do
+        local index=0 type
+        for type in "${FAKE_GPU_TYPES[@]}"; do
             ln -sfn /dev/null "$STATE/dev/fake-gpu$index"
-            echo "NodeName=$host Name=gpu File=$STATE/dev/fake-gpu$index"
+            echo "NodeName=$host Name=gpu Type=$type File=$STATE/dev/fake-gpu$index"
+            index=$((index + 1))
         done
     } >"$CONF_DIR/gres.conf"
+}
+
+node_gres() {
+    local type gres=()
+    for type in "${FAKE_GPU_TYPES[@]}"; do gres+=("gpu:$type:1"); done
+    (IFS=,; echo "${gres[*]}")
 }
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from helpers import TINY_STEPS, write_config
 from helpers import snakemake as run_snakemake
@@ -254,4 +255,95 @@ def test_cuda_cells_request_a_gpu_from_slurm(tmp_path: Path, slurm_node: None) -
     assert record["status"] == "unsupported"
     assert "CUDA" in record["reason"]
     # SLURM gave the job one of the node's GPUs (CUDA_VISIBLE_DEVICES, from gres.conf).
+    assert record["provenance"]["cuda_visible_devices"] in ("0", "1")
+
+
+# --- platforms: the cluster's GPU types --------------------------------------------------------
+
+A100 = {"name": "NVIDIA A100-SXM4-80GB", "capability": "8.0"}
+H100 = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}
+# The partitions and gres types of .ci/slurm.sh's node: one fake GPU of each type.
+PLATFORMS = {
+    "a100": {"partition": "a100", "gres_type": "a100", "gpu": A100},
+    "h100": {"partition": "h100", "gres_type": "h100", "gpu": "probe"},
+}
+
+
+def test_cells_a_platforms_gpu_cannot_run_are_not_submitted_and_say_why(tmp_path: Path) -> None:
+    versions = {
+        env: {"kind": "venv", "requirements": f"envs/{env}.txt", "python": "3.10"}
+        for env in ("torch-1.13", "torch-2.0")
+    }
+    comparison = {
+        "baseline": {"env": "torch-1.13", "variant": "eager"},
+        "candidate": {"env": "torch-2.0", "variant": "eager"},
+    }
+    platforms = {**PLATFORMS, "h100": {**PLATFORMS["h100"], "gpu": H100}}
+    config = slurm_config(
+        tmp_path,
+        trials=1,
+        environments=versions,
+        comparisons={"upgrade": comparison},
+        platforms=platforms,
+    )
+    done = snakemake("--dry-run", "--configfile", str(config))
+    assert done.returncode == 0, done.stdout
+    for version in ("1.13.1", "2.0.1"):
+        assert (
+            f"not planned: torch {version}+cu117 has no code for sm_90 (NVIDIA H100 80GB HBM3); "
+            "its newest is sm_86"
+        ) in done.stdout
+    planned = [line for line in done.stdout.splitlines() if "/records/" in line]
+    assert planned and all("/records/a100/" in line for line in planned), planned
+    cell_jobs = [line for line in done.stdout.splitlines() if "slurm_partition=" in line]
+    assert cell_jobs and all("slurm_partition=a100" in line for line in cell_jobs)
+
+
+def jobs_partitions(prefix: str) -> dict[str, str]:
+    """The partition of each job (by id) whose name starts with prefix."""
+    output = slurm_query("squeue", "--states=all", "--noheader", "--format=%i|%j|%P")
+    rows = (line.split("|", 2) for line in output.splitlines())
+    return {job_id: partition for job_id, name, partition in rows if name.startswith(prefix)}
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
+@pytest.mark.slow
+def test_each_platforms_cells_run_in_its_partition(tmp_path: Path, slurm_node: None) -> None:
+    config = slurm_config(tmp_path, trials=1, platforms=PLATFORMS)
+    _, _, prefix = run_on_slurm(tmp_path, config)
+    results = tmp_path / "results"
+    found = records(results)
+    assert len(found) == 4
+    assert {r["status"] for r in found} == {"ok"}, [r.get("reason") for r in found]
+    for record in found:
+        platform = record["cell"]["platform"]
+        # The job's own SLURM_JOB_PARTITION, as the cell recorded it.
+        assert record["provenance"]["slurm_partition"] == platform
+    assert sorted(jobs_partitions(prefix).values()) == ["a100", "a100", "h100", "h100"]
+    speedups = pd.read_csv(results / "tables" / "speedups.csv")
+    assert sorted(speedups["platform"]) == ["a100", "h100"]
+    page = (results / "report" / "index.html").read_text(encoding="utf-8")
+    for platform in PLATFORMS:
+        assert f"{platform}: speedup [interval" in page
+    assert "What each platform can run" in page
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
+@pytest.mark.slow
+def test_a_cuda_cell_asks_for_its_platforms_gpu_type(tmp_path: Path, slurm_node: None) -> None:
+    config = slurm_config(tmp_path, device="cuda", trials=1, platforms=PLATFORMS)
+    target = tmp_path / "results" / "records" / "h100" / "host" / "mlp" / "eager" / "train"
+    output, _, prefix = run_on_slurm(tmp_path, config, "--verbose", str(target / "b16/trial0.json"))
+    (sbatch,) = [line for line in output.splitlines() if line.startswith("sbatch call:")]
+    assert " -p h100 " in sbatch and " --gpus=h100:1 " in sbatch, sbatch
+    ((job_id, partition),) = jobs_partitions(prefix).items()
+    shown = slurm_query("scontrol", "--oneliner", "show", "job", job_id)
+    assert partition == "h100" and "TresPerJob=gres:gpu:h100:1" in shown, shown
+    (record,) = records(tmp_path / "results")
+    assert record["cell"]["platform"] == "h100"
+    # The h100 fake GPU is the node's second (gres.conf order): SLURM gave the job that one.
     assert record["provenance"]["cuda_visible_devices"] in ("0", "1")

@@ -72,7 +72,7 @@ def verdict(
         return NOT_MEASURED, (
             f"claimed on {claims[group].get('device', claimed_on)}; this run measured on {measured}"
         )
-    other_gpu = _other_gpu(claims[group], row)
+    other_gpu = claimed_on_another_gpu(claims[group], row)
     if other_gpu:
         return NOT_MEASURED, other_gpu
     if math.isnan(row.get("speedup_low", math.nan)):
@@ -95,7 +95,7 @@ def verdict(
     return CLAIM_VERDICTS[outcome], _claim_context(claims[group], row, achieved)
 
 
-def _other_gpu(group: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+def claimed_on_another_gpu(group: Mapping[str, Any], row: Mapping[str, Any]) -> str:
     """Why a claim made on one GPU model (the group's ``gpu``, e.g. A100) is not judged by a
     row measured on another; '' where it is measured on that model (or names none)."""
     model = str(group.get("gpu") or "")

@@ -178,6 +178,10 @@ def _config_key(resource: str) -> str:
 
 
 def _per_platform(by_platform: Mapping[str, Mapping[str, str]], key: str) -> Any:
+    values = {resources[key] for resources in by_platform.values()}
+    if len(values) == 1:
+        return values.pop()
+
     def value(wildcards: Any) -> str:
         return by_platform[str(wildcards.platform).rstrip("/")][key]
 
