@@ -52,8 +52,9 @@ def test_a_cell_in_several_versions_is_a_row_oldest_first_with_its_ratios() -> N
     }
     assert list(compiled.rates) == ["c-mid", "a-new"]  # its oldest is 2.0: the ratio is to it
     assert compiled.ratios["a-new"] == 1.5
-    assert compiled.cell == {"model": "resnet50", "variant": "compile", "mode": "train",
-                             "batch_size": 8, "image_size": 64, "seq_len": 128}  # fmt: skip
+    assert compiled.cell == {"platform": "", "model": "resnet50", "variant": "compile",
+                             "mode": "train", "batch_size": 8, "image_size": 64,
+                             "seq_len": 128}  # fmt: skip
 
 
 def test_an_environment_without_an_ok_trial_is_not_a_version_of_the_row() -> None:

@@ -18,9 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis.columns import SIZE_KEYS
+from ptspeed.analysis.columns import SIZE_KEYS, platform_column
 
-ROW_KEYS = ["model", "variant", "mode", *SIZE_KEYS]
+# A platform's cells are set side by side with the same platform's only.
+ROW_KEYS = ["platform", "model", "variant", "mode", *SIZE_KEYS]
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ def version_table(summary: pd.DataFrame, torch: Mapping[str, str]) -> VersionTab
     """The cells measured (a median over ok trials) in environments of two or more torch
     versions (``torch``: env -> version, :func:`torch_versions`); None where there are none.
     Rows in the order of model, variant, mode and sizes."""
+    summary = summary.assign(platform=platform_column(summary))
     rates = pd.to_numeric(summary["median_samples_per_s"], errors="coerce")
     measured = summary[summary["env"].isin(list(torch)) & rates.notna()]
     order = sorted(torch, key=lambda env: (version_key(torch[env]), env))
