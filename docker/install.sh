@@ -3,6 +3,7 @@
 # Apptainer image bootstrapped from the same base install the same things):
 #   install.sh system PYTHON_VERSION               the OS's Python, its venv and headers, g++
 #   install.sh python PYTHON_VERSION TORCH_VERSION /opt/venv with exactly the lock, then checks
+#                                                  it and writes its torch's GPU code (GPU_CODE)
 # A CA bundle at /run/secrets/ca_bundle (a build secret) is trusted by apt, pip and uv.
 set -euo pipefail
 
@@ -10,6 +11,8 @@ CA_BUNDLE=/run/secrets/ca_bundle
 VENV=/opt/venv
 REQUIREMENTS=/opt/ptspeed/requirements.txt
 UV_REQUIREMENTS=/opt/ptspeed/uv.txt
+# The GPU code of the image's torch, as ptspeed.cell.gpu_code.GpuCode.to_json writes it.
+GPU_CODE=/opt/ptspeed/gpu-code.json
 # uv's cache: a build cache mount in docker/Dockerfile, or the host's own uv cache (`uv cache
 # dir`) mounted by podman build or apptainer build, so that a wheel the host's environments
 # already downloaded is not downloaded again (scripts/image.py sets UV_CACHE_DIR).
@@ -56,7 +59,8 @@ install_python() {
         --link-mode copy --compile-bytecode -r "$REQUIREMENTS"
     rm -rf "$tools"
     "$VENV/bin/python" -m pip check
-    "$VENV/bin/python" - "$torch_version" <<'PYTHON'
+    "$VENV/bin/python" - "$torch_version" "$GPU_CODE" <<'PYTHON'
+import json
 import sys
 
 import torch
@@ -64,10 +68,19 @@ import torchvision
 import transformers
 
 wanted = sys.argv[1]
-if torch.__version__.split("+")[0] != wanted:
+# A PyPI lock pins 2.0.1 and PyPI's wheel reports 2.0.1+cu117; a lock that pins a build by its
+# wheel's URL (or a local version) pins 2.0.1+cu118, and only that build will do.
+if wanted not in (torch.__version__, torch.__version__.split("+")[0]):
     sys.exit(f"torch {torch.__version__} installed, the lock pins {wanted}")
 print("torch", torch.__version__, "torchvision", torchvision.__version__,
       "transformers", transformers.__version__, "CUDA", torch.version.cuda)
+read_flags = getattr(torch._C, "_cuda_getArchFlags", None)
+flags = (read_flags() if torch.version.cuda and read_flags else None) or ""
+code = {"torch_version": torch.__version__, "cuda_version": torch.version.cuda or "",
+        "arch_flags": " ".join(flags.split())}
+with open(sys.argv[2], "w", encoding="utf-8") as out:
+    json.dump(code, out)
+print("GPU code:", flags or "none")
 PYTHON
 }
 

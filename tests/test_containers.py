@@ -155,6 +155,54 @@ def test_locked_versions_are_read_from_the_real_locks() -> None:
         "transformers": "4.46.3",
     }
     assert locked_versions((ROOT / "envs/torch-2.0.txt").read_text())["torch"] == "2.0.1"
+    # PyTorch's CUDA 11.8 wheels, pinned by URL: the versions their file names give.
+    assert locked_versions((ROOT / "envs/torch-2.0-cu118.txt").read_text()) == {
+        "torch": "2.0.1+cu118",
+        "torchvision": "0.15.2+cu118",
+        "transformers": "4.46.3",
+    }
+    spec = BuildSpec("torch-2.0-cu118", ROOT / "envs/torch-2.0-cu118.txt", "3.10", "t")
+    assert spec.build_arguments()["TORCH_VERSION"] == "2.0.1+cu118"
+
+
+def install_check(tmp_path: Path, installed: str, wanted: str) -> subprocess.CompletedProcess[str]:
+    """docker/install.sh's check of the installed torch (its Python heredoc), run against a
+    stand-in torch that reports ``installed``, with TORCH_VERSION ``wanted``."""
+    script = (ROOT / "docker/install.sh").read_text()
+    check = script.split("<<'PYTHON'\n", 1)[1].split("\nPYTHON\n", 1)[0]
+    modules = tmp_path / "modules"
+    (modules / "torch").mkdir(parents=True)
+    (modules / "torch" / "__init__.py").write_text(
+        f"import types\n__version__ = {installed!r}\nversion = types.SimpleNamespace(cuda=None)\n"
+        "_C = types.SimpleNamespace()\n"
+    )
+    for other in ("torchvision", "transformers"):
+        (modules / f"{other}.py").write_text("__version__ = '0'\n")
+    return subprocess.run(
+        [sys.executable, "-", wanted, str(tmp_path / "gpu-code.json")],
+        input=check, capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": str(modules)},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("installed", "wanted", "accepted"),
+    [
+        ("2.0.1+cu117", "2.0.1", True),  # a PyPI lock: its wheel's local version is not pinned
+        ("2.0.1", "2.0.1", True),
+        ("2.0.1+cu118", "2.0.1+cu118", True),  # a lock pinning the wheel by URL
+        ("2.0.1+cu117", "2.0.1+cu118", False),
+        ("2.0.0+cu118", "2.0.1", False),
+        ("2.0.1+cu118", "", False),  # a lock that pins no torch
+    ],
+)
+def test_the_image_build_checks_the_installed_torch_against_the_lock(
+    tmp_path: Path, installed: str, wanted: str, accepted: bool
+) -> None:
+    done = install_check(tmp_path, installed, wanted)
+    assert (done.returncode == 0) == accepted, done.stdout + done.stderr
+    if not accepted:
+        assert f"torch {installed} installed, the lock pins {wanted}" in done.stderr
 
 
 def test_build_command_passes_the_environment_and_the_ca_bundle_as_a_secret(

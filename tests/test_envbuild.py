@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from ptspeed.cell.gpu_code import GpuCode
 from ptspeed.envs import venvs as envbuild
+from ptspeed.envs.gpu_code import recorded_code
 from ptspeed.envs.venvs import (
     BUILD_FORMAT,
     INSTALLERS,
@@ -27,7 +29,6 @@ from ptspeed.envs.venvs import (
     build_venv,
     find_python,
     lock_hash,
-    pinned_version,
     venv_python,
 )
 from ptspeed.errors import EnvBuildError
@@ -106,7 +107,7 @@ def test_find_python_wants_major_minor(version: str) -> None:
         find_python(version)
 
 
-# --- lock_hash and pinned_version ----------------------------------------------------------
+# --- lock_hash and the version check against the lock --------------------------------------
 
 
 def test_lock_hash_depends_on_content_only(tmp_path: Path) -> None:
@@ -125,18 +126,44 @@ def test_lock_hash_is_16_hex_digits(tmp_path: Path) -> None:
     assert lock_hash(empty) == "e3b0c44298fc1c14"
 
 
-def test_pinned_version_reads_locked_lines(tmp_path: Path) -> None:
-    requirements = tmp_path / "lock.txt"
-    requirements.write_text(
-        "# torch==0.0.0 in a comment\n"
-        "torch==2.0.1 \\\n    --hash=sha256:abc\n"
-        "Typing_Extensions==4.16.0 ; python_version >= '3.8'\n"
-        "torchvision[scipy]==0.15.2\n"
-    )
-    assert pinned_version(requirements, "torch") == "2.0.1"
-    assert pinned_version(requirements, "typing-extensions") == "4.16.0"
-    assert pinned_version(requirements, "torchvision") == "0.15.2"
-    assert pinned_version(requirements, "numpy") is None
+def check_torch(requirements: Path, torch_version: str) -> None:
+    """The build's check of a venv whose Python 3.10 imports torch at ``torch_version``."""
+    found: dict[str, str | None] = {"python": "3.10.14", "torch": torch_version}
+    envbuild._check_versions(found, requirements, "3.10", "torch", "env")
+
+
+@pytest.mark.parametrize(
+    ("lock", "installed"),
+    [
+        ("torch==2.0.1 \\\n    --hash=sha256:00\n", "2.0.1+cu117"),  # PyPI's CUDA wheel
+        ("torch==2.0.1\n", "2.0.1"),
+        ("torch==2.0.1+cu118 \\\n    --hash=sha256:00\n", "2.0.1+cu118"),
+        (REPO / "envs" / "torch-2.0-cu118.txt", "2.0.1+cu118"),  # PyTorch's wheel by URL
+    ],
+)
+def test_the_version_check_takes_the_build_the_lock_pins(
+    tmp_path: Path, lock: str | Path, installed: str
+) -> None:
+    if isinstance(lock, str):
+        (tmp_path / "lock.txt").write_text(lock)
+        lock = tmp_path / "lock.txt"
+    check_torch(lock, installed)
+
+
+def test_the_version_check_refuses_another_build_than_the_url_pinned_one(tmp_path: Path) -> None:
+    lock = REPO / "envs" / "torch-2.0-cu118.txt"
+    with pytest.raises(
+        EnvBuildError, match=re.escape("pins torch==2.0.1+cu118, the venv has 2.0.1+cu117")
+    ):
+        check_torch(lock, "2.0.1+cu117")
+    with pytest.raises(
+        EnvBuildError, match=re.escape("pins torch==2.0.1+cu118, the venv has 2.0.1")
+    ):
+        check_torch(lock, "2.0.1")
+    unpinned = tmp_path / "lock.txt"
+    unpinned.write_text("torchvision @ https://example.org/torchvision-0.15.2-py3-none-any.whl\n")
+    with pytest.raises(EnvBuildError, match="does not pin torch"):
+        check_torch(unpinned, "2.0.1")
 
 
 # --- build_venv, offline -------------------------------------------------------------------
@@ -425,10 +452,10 @@ def torch_version_of(python: str) -> str:
     return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
 
 
-@pytest.mark.slow  # imports torch twice in subprocesses
-def test_build_env_script_writes_the_interpreter_path(tmp_path: Path) -> None:
+@pytest.mark.slow  # imports torch three times in subprocesses
+def test_build_env_script_writes_the_interpreter_and_its_gpu_code(tmp_path: Path) -> None:
     requirements = offline_lock(tmp_path, make_wheel(tmp_path / "wheels"))
-    link = tmp_path / "results" / "envs" / "tiny.path"
+    link = tmp_path / "results" / "envs" / "tiny.json"
     # An already complete venv whose torch imports (the tests' own interpreter stands in for
     # its python): the script must only find it and write the link.
     venv = tmp_path / "envs" / f"tiny-{lock_hash(requirements)}"
@@ -444,8 +471,13 @@ def test_build_env_script_writes_the_interpreter_path(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert link.read_text() == f"{venv}/bin/python\n"
-    assert [path.name for path in link.parent.iterdir()] == ["tiny.path"]
+    record = json.loads(link.read_text())
+    assert record["python"] == f"{venv}/bin/python"
+    import torch  # the venv's python is this interpreter: the same torch
+
+    assert GpuCode.from_json(record["gpu_code"]) == GpuCode.from_torch(torch)
+    assert recorded_code(link) == GpuCode.from_torch(torch)
+    assert [path.name for path in link.parent.iterdir()] == ["tiny.json"]
 
 
 def test_build_env_script_fails_in_one_line(tmp_path: Path) -> None:

@@ -383,7 +383,7 @@ def test_the_locks_pin_published_builds(env: str) -> None:
 
 def test_a_recorded_code_comes_before_the_published_one(tmp_path: Path) -> None:
     lock = ROOT / "envs" / "torch-2.0.txt"
-    record = environment_record_path(tmp_path, "torch-2.0")
+    record = Path(environment_record_path(tmp_path, "torch-2.0"))
     record.parent.mkdir(parents=True)
     record.write_text("/old/venv/bin/python\n")  # written before records held code
     assert environment_code(tmp_path, "torch-2.0", lock) == published_code("2.0.1+cu117")

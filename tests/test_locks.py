@@ -1,4 +1,5 @@
-"""The hash-locked requirement sets envs/*.txt and scripts/lock_envs.sh, which makes them.
+"""The hash-locked requirement sets envs/*.txt, scripts/lock_envs.sh, which makes them, and
+ptspeed.envs.locks, which reads the version each pins a package to.
 
 Every requirement of every lock is pinned (``==`` from PyPI, or one wheel by URL) and hashed, in
 a form pip reads; torch-2.0-cu118 pins PyTorch's CUDA 11.8 wheels by their download.pytorch.org
@@ -16,13 +17,15 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pytest
 import yaml
 from packaging.requirements import Requirement  # packaging: a dependency of pytest
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
+from ptspeed.envs.locks import locked_version
 from ptspeed.plan.config import prepare_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,6 +176,69 @@ def test_the_hopper_config_runs_the_cu118_lock_and_no_cuda_11_7_build() -> None:
         assert spec["python"] == pythons[env]
     assert CU118 in config["environments"]
     assert not {"torch-1.13", "torch-2.0"} & set(config["environments"])
+
+
+# --- ptspeed.envs.locks: the version a lock pins a package to ---------------------------------
+
+CU118_TORCH_URL = f"{PYTORCH_CU118}torch-2.0.1%2Bcu118-cp310-cp310-linux_x86_64.whl"
+# name -> what locked_version reads of LOCK_TEXT (None: not pinned there).
+LOCK_TEXT = f"""\
+# torch==0.0.0 in a comment, and torchaudio @ https://x/torchaudio-9.9.9-py3-none-any.whl
+torchvision @ {PYTORCH_CU118}torchvision-0.15.2%2Bcu118-cp310-cp310-linux_x86_64.whl \\
+    --hash=sha256:00
+    # via -r envs/x.in
+torch @ {CU118_TORCH_URL} \\
+    --hash=sha256:00
+Typing_Extensions==4.16.0 ; python_version >= '3.8'
+numpy[extra]==1.26.4 \\
+    --hash=sha256:00
+triton==2.0.0+local
+sympy @ https://example.org/sympy-1.13.3.tar.gz
+filelock @ https://example.org/other-3.0.0-py3-none-any.whl#sha256=00
+"""
+LOCK_PINS = {
+    "torch": "2.0.1+cu118",  # by URL, %2B decoded
+    "torchvision": "0.15.2+cu118",
+    "typing-extensions": "4.16.0",  # names compare normalised
+    "typing_extensions": "4.16.0",
+    "numpy": "1.26.4",
+    "triton": "2.0.0+local",  # a local version by ==
+    "sympy": None,  # by URL, but not a wheel
+    "filelock": None,  # a wheel of another name
+    "torchaudio": None,  # only in a comment
+    "transformers": None,
+}
+
+
+@pytest.mark.parametrize(("package", "pinned"), LOCK_PINS.items())
+def test_locked_version_reads_pins_by_version_and_by_wheel_url(
+    package: str, pinned: str | None
+) -> None:
+    assert locked_version(LOCK_TEXT, package) == pinned
+
+
+def test_locked_version_reads_a_pypi_pin_with_its_hashes() -> None:
+    assert locked_version("torch==2.0.1 \\\n    --hash=sha256:00\n", "torch") == "2.0.1"
+    assert locked_version(f"torch @ {CU118_TORCH_URL}#sha256=00\n", "torch") == "2.0.1+cu118"
+    assert locked_version("", "torch") is None
+
+
+@pytest.mark.parametrize("lock", LOCKS, ids=lambda path: path.stem)
+def test_locked_version_agrees_with_packaging_on_every_lock(lock: Path) -> None:
+    """Every requirement of every real lock: the version packaging reads (the specifier's, or
+    that of the wheel's file name for a URL pin)."""
+    text = lock.read_text(encoding="utf-8")
+    for name, (requirement, _) in entries(lock).items():
+        if requirement.url:
+            expected = parse_wheel_filename(unquote(requirement.url.rsplit("/", 1)[1]))[1]
+        else:
+            [specifier] = requirement.specifier
+            expected = Version(specifier.version)
+        found = locked_version(text, name)
+        assert found is not None and Version(found) == expected, name
+    if lock.stem == CU118:
+        assert locked_version(text, "torch") == "2.0.1+cu118"
+        assert locked_version(text, "torchvision") == "0.15.2+cu118"
 
 
 # --- scripts/lock_envs.sh ------------------------------------------------------------------

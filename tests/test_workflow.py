@@ -32,6 +32,7 @@ from helpers import (
 )
 
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason
+from ptspeed.envs.venvs import lock_hash
 
 pytestmark = pytest.mark.workflow
 
@@ -227,6 +228,37 @@ def test_extended_matrix_plans_every_variant_where_its_torch_runs_it(tmp_path: P
             python = tuple(map(int, config["environments"][env]["python"].split(".")))
             torch = locked_torch(env)
             assert not unsupported_reason(knobs, "cuda", torch, python, True, True), (env, variant)
+    assert not results.exists()
+
+
+def test_hopper_matrix_plans_the_cuda_11_8_environment(tmp_path: Path) -> None:
+    """config/hopper.yaml: torch-2.0-cu118 (torch pinned by its wheel's URL) and torch-2.14,
+    eager and compile; build_env builds each venv from its lock, and the cells of
+    torch-2.0-cu118 wait for its build and run in its venv."""
+    path = ROOT / "config/hopper.yaml"
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    results = tmp_path / "results"
+    overrides = ("--config", f"results={results}", "device=cpu")
+    output = ok(snakemake("-n", "-p", "--configfile", str(path), *overrides))
+    planned = planned_outputs(output)
+    records = [Path(p).relative_to(results / "records").parts for p in planned["cell"]]
+    cells = Counter((env, variant) for env, _model, variant, *_ in records)
+    per_pair = len(config["models"]) * len(config["modes"]) * config["trials"]
+    envs = ("torch-2.0-cu118", "torch-2.14")
+    assert cells == {(env, variant): per_pair for env in envs for variant in ("eager", "compile")}
+    assert sorted(planned["build_env"]) == [f"{results}/envs/{env}.json" for env in envs]
+    build = re.search(r"scripts/build_env\.py --name torch-2\.0-cu118 (.*)", output)
+    assert build and "--requirements envs/torch-2.0-cu118.txt --python 3.10" in build[1]
+    venv = f"torch-2.0-cu118-{lock_hash(ROOT / 'envs/torch-2.0-cu118.txt')}/bin/python"
+    cu118_cells = [
+        block
+        for block in output.split("\nrule ")
+        if block.startswith("cell:") and "records/torch-2.0-cu118/" in block
+    ]
+    assert len(cu118_cells) == 2 * per_pair
+    for block in cu118_cells:
+        assert f"{results}/envs/torch-2.0-cu118.json" in block.splitlines()[1], block
+        assert venv in block, block
     assert not results.exists()
 
 

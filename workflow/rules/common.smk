@@ -18,7 +18,7 @@ from ptspeed.plan.config import effective_config_json, prepare_config
 from ptspeed.plan.device import detect_device_class
 from ptspeed.plan.platforms import cell_job_resources, platform_plan
 from ptspeed.envs.containers import check_container_config
-from ptspeed.envs.gpu_code import environment_codes
+from ptspeed.envs.gpu_code import environment_codes, environment_record_path
 from ptspeed.envs.realise import Realisation
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.knobs import parse_knobs

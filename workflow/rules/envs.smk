@@ -6,7 +6,7 @@ rule build_env:
     input:
         requirements=lambda wildcards: ENVIRONMENTS[wildcards.env]["requirements"],
     output:
-        ready=f"{RESULTS}/envs/{{env}}.json",
+        ready=environment_record_path(RESULTS, "{env}"),
     log:
         f"{RESULTS}/logs/envs/{{env}}.log",
     benchmark:

@@ -30,6 +30,7 @@ from ptspeed.cell.provenance import (
     CONTAINER_IMAGE_VARIABLE,
     GIT_COMMIT_VARIABLE,
 )
+from ptspeed.envs.locks import locked_version
 from ptspeed.envs.venvs import find_uv
 from ptspeed.errors import ConfigError, ContainerError
 from ptspeed.launch.gpus import COUNT_VARIABLE, VISIBLE_DEVICES_VARIABLE
@@ -275,13 +276,10 @@ def build_tag(uri: str) -> str:
 
 
 def locked_versions(requirements: str) -> dict[str, str]:
-    """Versions of torch, torchvision and transformers pinned by a lock file's text."""
-    versions = {}
-    for line in requirements.splitlines():
-        name, separator, version = line.partition("==")
-        if separator and name.strip() in LOCKED_PACKAGES:
-            versions[name.strip()] = version.split()[0].rstrip("\\").strip()
-    return versions
+    """Versions of torch, torchvision and transformers pinned by a lock file's text (by
+    ``==`` or a wheel's URL: ``2.0.1+cu118``); a package the lock does not pin is left out."""
+    pinned = {package: locked_version(requirements, package) for package in LOCKED_PACKAGES}
+    return {package: version for package, version in pinned.items() if version}
 
 
 def build_command(engine: str, spec: BuildSpec, context: Path, recipe: Path) -> list[str]:

@@ -35,9 +35,11 @@ print(json.dumps(GpuCode.from_torch(torch).to_json()))
 """
 
 
-def environment_record_path(results_dir: str | os.PathLike[str], env: str) -> Path:
-    """Where build_env writes what it realised of ``env``."""
-    return Path(results_dir) / "envs" / f"{env}.json"
+def environment_record_path(results_dir: str | os.PathLike[str], env: str) -> str:
+    """Where build_env writes what it realised of ``env``: ``<results_dir>/envs/<env>.json``,
+    spelt as given (not normalised: Snakemake matches a cell's input to rule build_env's output
+    as text, and ``results: results/`` is spelt so there too)."""
+    return f"{os.fspath(results_dir)}/envs/{env}.json"
 
 
 def environment_code(

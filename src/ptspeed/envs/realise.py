@@ -33,6 +33,7 @@ from ptspeed.envs.containers import (
     forget_pruned_image,
     runs_in_image,
 )
+from ptspeed.envs.gpu_code import environment_record_path
 from ptspeed.envs.venvs import venv_dir
 from ptspeed.errors import ConfigError
 
@@ -109,7 +110,7 @@ class Realisation:
             return [self.sif(env), self.sif_digest(env)]
         if self.environments[env]["kind"] != "venv":
             return []
-        return f"{self.results}/envs/{env}.json"
+        return environment_record_path(self.results, env)
 
     def venv(self, env: str) -> Path:
         requirements = self.workdir / self.environments[env]["requirements"]

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ptspeed.cell.files import exclusive_lock, process_exists
+from ptspeed.envs.locks import locked_version
 from ptspeed.errors import EnvBuildError
 
 MARKER_NAME = "ptspeed-env.json"
@@ -53,7 +54,6 @@ _PIP_TO_UV = {
     "PIP_INDEX_URL": "UV_INDEX_URL",
     "PIP_EXTRA_INDEX_URL": "UV_EXTRA_INDEX_URL",
 }
-_PIN_LINE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)")
 
 
 def find_python(version: str, env_name: str | None = None) -> Path:
@@ -83,16 +83,6 @@ def venv_dir(
 def lock_hash(requirements_path: str | os.PathLike[str]) -> str:
     """Short (16 hex digits) sha256 of the requirements file's content."""
     return hashlib.sha256(Path(requirements_path).read_bytes()).hexdigest()[:16]
-
-
-def pinned_version(requirements_path: str | os.PathLike[str], distribution: str) -> str | None:
-    """The version that the requirements file pins ``distribution`` to (``name==version``)."""
-    wanted = _normalise_name(distribution)
-    for line in Path(requirements_path).read_text().splitlines():
-        match = _PIN_LINE.match(line)
-        if match and _normalise_name(match[1]) == wanted:
-            return match[2]
-    return None
 
 
 def find_uv() -> str | None:
@@ -355,11 +345,12 @@ def _check_versions(
     python_found = found.get("python") or ""
     if not python_found.startswith(f"{python_version}."):
         raise EnvBuildError(f"the venv of {name} runs Python {python_found}, not {python_version}")
-    pinned = pinned_version(requirements, module)
+    pinned = locked_version(requirements.read_text(encoding="utf-8"), module)
     if pinned is None:
-        raise EnvBuildError(f"{requirements} does not pin {module}==<version>")
+        raise EnvBuildError(f"{requirements} does not pin {module} (==<version>, or a wheel's URL)")
     installed = found.get(module) or ""
-    # PyPI's CUDA wheels report a local version (1.13.1+cu117) that the lock does not spell.
+    # PyPI's CUDA wheels report a local version (1.13.1+cu117) that the lock does not spell; a
+    # lock that spells one (2.0.1+cu118, by version or a wheel's URL) wants exactly that build.
     if installed != pinned and installed.split("+")[0] != pinned:
         raise EnvBuildError(f"{name}: the lock pins {module}=={pinned}, the venv has {installed}")
 
@@ -454,10 +445,6 @@ def _remove(path: Path) -> None:
         path.unlink()
     elif path.exists():
         shutil.rmtree(path)
-
-
-def _normalise_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _say(message: str) -> None:
