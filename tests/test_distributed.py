@@ -25,13 +25,12 @@ from ptspeed.cell.checks import check_cell
 from ptspeed.cell.distributed import Rank
 from ptspeed.cell.faults import SLOW_SAMPLING_S
 from ptspeed.cell.harness import run_cell
-from ptspeed.cell.knobs import parse_knobs, unsupported_reason
+from ptspeed.cell.knobs import parse_knobs, threads_per_process, unsupported_reason
 from ptspeed.cell.record import CellSpec, Record
 from ptspeed.errors import BadInput
 from ptspeed.launch.torchrun import (
     launcher_failures,
     merged_record,
-    threads_per_process,
     torchrun_command,
     write_rank_outcome,
 )

@@ -25,7 +25,7 @@ HOST_SIDE = {"plan", "envs", "analysis", "render"}
 # What each part may import from the project (besides itself).
 ALLOWED_PARTS = {
     "errors": set(),
-    "cell": {"errors", "models", "launch"},
+    "cell": {"errors", "models"},
     "models": {"errors", "cell"},
     "launch": {"errors", "cell"},
     "cli": {"errors", "cell", "launch", "models"},

@@ -15,7 +15,6 @@ import torch
 from helpers import benchmark_python, tiny_cell
 
 from ptspeed.cell.checks import check_cell
-from ptspeed.cell.distributed import placement_of
 from ptspeed.cell.harness import run_cell
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason
 from ptspeed.cell.microbatch import micro_batched, split, weights
@@ -23,6 +22,7 @@ from ptspeed.cell.record import CellSpec, Record
 from ptspeed.cell.stages import balanced_split, describe_split, parameter_count, staged_layers
 from ptspeed.errors import BadInput, Unsupported
 from ptspeed.launch.watchdog import run_cell_in_worker
+from ptspeed.launch.worker import placement_of
 from ptspeed.models import Sizes, get_model
 
 CELL_TIMEOUT_S = 600.0

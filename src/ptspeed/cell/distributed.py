@@ -20,21 +20,18 @@ import functools
 import math
 import operator
 import os
-import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ptspeed.cell.harness import SingleProcess, resolve_device, run_cell
-from ptspeed.cell.knobs import STAGED, Knobs, parse_knobs
+from ptspeed.cell.harness import SingleProcess, resolve_device
+from ptspeed.cell.knobs import Knobs, parse_knobs, threads_per_process
 from ptspeed.cell.record import CellSpec, Conditions, Metrics
 from ptspeed.cell.reference import host_copy
 from ptspeed.cell.telemetry import throttle_bits, throttle_names
 from ptspeed.errors import Unsupported
-from ptspeed.launch.torchrun import FINISHED, threads_per_process, write_rank_outcome
 
 RANK_FAULT_PREFIX = "rank-"
 
@@ -232,25 +229,3 @@ def _number(conditions: Conditions, name: str) -> float:
         return float(throttle_bits(conditions.gpu_throttle_reasons))
     value = getattr(conditions, name)
     return math.nan if value is None else float(value)
-
-
-def placement_of(spec: CellSpec) -> Rank:
-    """This rank: of a ddp/fsdp cell, or a stage of a modelpar/pipeline cell."""
-    if parse_knobs(spec.knobs).parallel in STAGED:
-        from ptspeed.cell.stages import StageRank
-
-        return StageRank.from_environment(spec)
-    return Rank.from_environment(spec)
-
-
-def run_rank(spec: CellSpec, result_path: Path) -> int:
-    """Run this rank's part of ``spec`` and write its outcome; exit status 1 when it failed,
-    so that torchrun ends the other ranks at once."""
-    rank = placement_of(spec)
-    record = run_cell(spec, rank)
-    failed = record.status not in FINISHED
-    failed_at = time.time() if failed else None
-    if not failed:
-        rank.close()
-    write_rank_outcome(result_path, rank.rank, record, failed_at)
-    return 1 if failed else 0

@@ -80,6 +80,7 @@ torch and device can do is decided by :func:`unsupported_reason`.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -481,3 +482,9 @@ def _distributed_reason(knobs: Knobs, device_type: str, torch_version: tuple[int
             "gradients) and ptspeed's fp16 step uses GradScaler: use amp=bf16"
         )
     return ""
+
+
+def threads_per_process(requested: int, world_size: int) -> int:
+    """The cell's CPU threads (0: every CPU this process may use) shared out among its ranks."""
+    total = requested or len(os.sched_getaffinity(0))
+    return max(1, total // world_size)

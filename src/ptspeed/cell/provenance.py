@@ -17,7 +17,6 @@ from typing import Any
 
 from ptspeed.cell import hostenv
 from ptspeed.cell.record import Provenance
-from ptspeed.launch.gpus import ASSIGNMENT_VARIABLE
 
 PACKAGES = ("torch", "torchvision", "transformers", "numpy", "triton", "pytorch-triton")
 # Environment variables that change how the caching allocators behave.
@@ -30,6 +29,8 @@ ALLOCATOR_VARIABLES = (
 GPU_STATE_QUERY = "clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
 # Set by the workflow's container runtimes (ptspeed.envs.containers): the image and its digest, and
 # the commit of the mounted checkout (an image has no git to ask).
+# Set by the launcher (ptspeed.launch.gpus) for a CUDA cell: the GPUs it claimed, from which pool.
+ASSIGNMENT_VARIABLE = "PTSPEED_GPU_ASSIGNMENT"
 CONTAINER_IMAGE_VARIABLE = "PTSPEED_CONTAINER_IMAGE"
 CONTAINER_DIGEST_VARIABLE = "PTSPEED_CONTAINER_DIGEST"
 GIT_COMMIT_VARIABLE = "PTSPEED_GIT_COMMIT"

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from ptspeed.cell.knobs import parse_knobs
+from ptspeed.cell.provenance import ASSIGNMENT_VARIABLE
 from ptspeed.errors import ConfigError, GpuRequestError
 
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
@@ -45,7 +46,6 @@ COUNT_VARIABLE = "PTSPEED_GPU_COUNT"
 LOCK_DIR_VARIABLE = "PTSPEED_GPU_LOCK_DIR"
 DEVICE_ORDER_VARIABLE = "CUDA_DEVICE_ORDER"
 # What the worker puts in its record (Provenance.gpu_assignment).
-ASSIGNMENT_VARIABLE = "PTSPEED_GPU_ASSIGNMENT"
 POLL_INTERVAL_S = 0.2
 NVIDIA_SMI_TIMEOUT_S = 30
 

@@ -20,7 +20,6 @@ Standard library only: this runs in the watchdog, which does not import torch.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 from dataclasses import dataclass
@@ -75,12 +74,6 @@ def torchrun_command(python: str, world_size: int, worker_arguments: list[str]) 
         RANK_FLAG,
         *worker_arguments,
     ]
-
-
-def threads_per_process(requested: int, world_size: int) -> int:
-    """The cell's CPU threads (0: every CPU this process may use) shared out among its ranks."""
-    total = requested or len(os.sched_getaffinity(0))
-    return max(1, total // world_size)
 
 
 def rank_outcome_path(result_path: Path, rank: int) -> Path:

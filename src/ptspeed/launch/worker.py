@@ -14,8 +14,13 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:  # torch-importing modules, imported by the functions that need them
+    from ptspeed.cell.distributed import Rank
+    from ptspeed.cell.record import CellSpec
 
 PR_SET_PDEATHSIG = 1
 WATCHDOG_PID_VARIABLE = "PTSPEED_WATCHDOG_PID"
@@ -42,8 +47,6 @@ def main(argv: list[str]) -> int:
     if argv[0] == LAUNCH_FLAG:
         launch_torchrun(argv[1:])
     if argv[0] == RANK_FLAG:
-        from ptspeed.cell.distributed import run_rank
-
         return run_rank(CellSpec(**json.loads(argv[1])), Path(argv[2]))
     from ptspeed.cell.harness import run_cell
     from ptspeed.cell.record import write_record
@@ -52,11 +55,38 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def placement_of(spec: CellSpec) -> Rank:
+    """This rank: of a ddp/fsdp cell, or a stage of a modelpar/pipeline cell."""
+    from ptspeed.cell.distributed import Rank
+    from ptspeed.cell.knobs import STAGED, parse_knobs
+    from ptspeed.cell.stages import StageRank
+
+    if parse_knobs(spec.knobs).parallel in STAGED:
+        return StageRank.from_environment(spec)
+    return Rank.from_environment(spec)
+
+
+def run_rank(spec: CellSpec, result_path: Path) -> int:
+    """Run this rank's part of ``spec`` and write its outcome; exit status 1 when it failed,
+    so that torchrun ends the other ranks at once."""
+    from ptspeed.cell.harness import run_cell
+    from ptspeed.launch.torchrun import FINISHED, write_rank_outcome
+
+    rank = placement_of(spec)
+    record = run_cell(spec, rank)
+    failed = record.status not in FINISHED
+    failed_at = time.time() if failed else None
+    if not failed:
+        rank.close()
+    write_rank_outcome(result_path, rank.rank, record, failed_at)
+    return 1 if failed else 0
+
+
 def launch_torchrun(argv: list[str]) -> NoReturn:
     """Become torchrun (exec: same pid, so the watchdog's kill and our PR_SET_PDEATHSIG still
     apply), with the ranks' parent check pointed at it."""
-    from ptspeed.cell.knobs import parse_knobs
-    from ptspeed.launch.torchrun import threads_per_process, torchrun_command
+    from ptspeed.cell.knobs import parse_knobs, threads_per_process
+    from ptspeed.launch.torchrun import torchrun_command
 
     spec = json.loads(argv[0])
     world_size = parse_knobs(spec["knobs"]).world_size
