@@ -77,7 +77,9 @@ def run_bare(model: str, case: dict[str, int], warmup: int, steps: int) -> float
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def suite_arguments(model: str, case: dict[str, int], warmup: int, steps: int) -> list[str]:
+def suite_arguments(
+    model: str, case: dict[str, int], warmup: int, steps: int, profile_steps: int = 0
+) -> list[str]:
     # Imported here, not at the top: the bare loop's process imports nothing from ptspeed.
     sys.path.insert(0, str(ROOT / "src"))
     from ptspeed.cell.arguments import to_arguments
@@ -92,12 +94,15 @@ def suite_arguments(model: str, case: dict[str, int], warmup: int, steps: int) -
         image_size=case["image_size"],
         warmup_steps=warmup,
         measured_steps=steps,
+        profile_steps=profile_steps,
     )
     return to_arguments(spec)
 
 
-def run_suite(model: str, case: dict[str, int], warmup: int, steps: int, out: Path) -> float:
-    arguments = suite_arguments(model, case, warmup, steps)
+def run_suite(
+    model: str, case: dict[str, int], warmup: int, steps: int, out: Path, profile_steps: int = 0
+) -> float:
+    arguments = suite_arguments(model, case, warmup, steps, profile_steps)
     command = [sys.executable, "-m", "ptspeed", "cell", *arguments, "--out", str(out)]
     env = {"PYTHONPATH": str(ROOT / "src")}
     subprocess.run(command, check=True, capture_output=True, env={**_environ(), **env})
@@ -132,6 +137,14 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, help="measured steps (default: per model)")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also run each suite trial with STEPS profiled steps after its window (as the "
+        "workflow's first trials do) and compare: the measured throughput must not change",
+    )
     parser.add_argument("--bare", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
@@ -140,12 +153,15 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as scratch:
         for model, case in CASES.items():
-            suite, bare = [], []
+            suite, bare, profiled = [], [], []
             steps = args.steps or case["steps"]
             for trial in range(args.trials):
                 out = Path(scratch) / f"{model}-{trial}.json"
                 suite.append(run_suite(model, case, args.warmup, steps, out))
                 bare.append(run_bare(model, case, args.warmup, steps))
+                if args.profile:
+                    out = Path(scratch) / f"{model}-{trial}-profiled.json"
+                    profiled.append(run_suite(model, case, args.warmup, steps, out, args.profile))
             ratio = statistics.median(suite) / statistics.median(bare)
             cv = statistics.stdev(suite) / statistics.mean(suite)
             paired = _interval(bare, suite)
@@ -157,6 +173,12 @@ def main() -> int:
             )
             print("  suite:", " ".join(f"{v:.1f}" for v in suite))
             print("  bare: ", " ".join(f"{v:.1f}" for v in bare))
+            if profiled:
+                print(
+                    f"  profiled ({args.profile} steps after the window) / unprofiled suite: "
+                    f"Hodges-Lehmann {_interval(suite, profiled)} (goal: 1 within the interval)"
+                )
+                print("  profiled:", " ".join(f"{v:.1f}" for v in profiled))
     return 0
 
 

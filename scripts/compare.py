@@ -1,6 +1,6 @@
 """Compare two result sets cell by cell, like ``asv compare``; exit 1 on a significant slowdown.
 
-    python scripts/compare.py OLD NEW [--threshold 0.05] [--only-changed] [--out table.md|.csv]
+    python scripts/compare.py OLD NEW [--min-effect 0.05] [--only-changed] [--out table.md|.csv]
 
 OLD and NEW are runs.csv files or directories holding runs.csv or tables/runs.csv. Prints one
 row per cell: a mark (``+`` significantly faster, ``-`` significantly slower, blank unchanged,
@@ -8,8 +8,14 @@ row per cell: a mark (``+`` significantly faster, ``-`` significantly slower, bl
 with its exact interval (95 %, else the confidence the trials allow, printed beside it), and the
 Mann–Whitney p-value; trials judged perturbed are left out (--keep-perturbed keeps them). Where
 both sets have a speedups.csv beside their runs.csv, each speedup of one is then checked against
-the other's interval, both ways. Exit status: 0 none slower, 1 at least one cell significantly
-slower by more than the threshold, 2 bad input (one ``error:`` line).
+the other's interval, both ways.
+
+The machine comes first: each run's machine-speed probe (a fixed GEMM and memory pass beside every
+trial) per probe group, and whether the machine changed between the runs. A cell is called
+faster or slower only when its change exceeds what the machine's own change explains: its ratio
+divided by the machine's beyond the minimum effect, and its interval wholly outside the
+machine's (ptspeed.analysis.compare). Exit status: 0 none slower, 1 at least one cell slower by
+that rule, 2 bad input (one ``error:`` line).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from ptspeed.analysis.compare import (
     cross_check_rows,
     cross_check_speedups,
     display_rows,
+    machine_changes,
+    machine_lines,
     read_runs,
     regressions,
     speedups_beside,
@@ -60,10 +68,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("old", help="the reference result set (runs.csv or a results directory)")
     parser.add_argument("new", help="the result set to judge")
     parser.add_argument(
+        "--min-effect",
         "--threshold",
+        dest="threshold",
         type=float,
         default=DEFAULT_THRESHOLD,
-        help="smallest relative change that counts (default 0.05: 5%%)",
+        help="smallest relative change that counts, beyond the machine's own (default 0.05: 5%%)",
     )
     parser.add_argument(
         "--only-changed", action="store_true", help="print only faster, slower and missing cells"
@@ -106,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--out {unknown[0]}: write .csv or .md")
         old, new = read_runs(args.old), read_runs(args.new)
         compared = compare_runs(old, new, args.threshold, args.keep_perturbed)
+        for line in machine_lines(machine_changes(old, new, args.keep_perturbed)):
+            print(line)
         shown = compared[compared["mark"] != SAME] if args.only_changed else compared
         rows = display_rows(shown)
         print(as_text(DISPLAY_HEADERS, rows), end="")

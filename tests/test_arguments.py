@@ -42,6 +42,8 @@ OTHER_VALUES: dict[str, Any] = {
     "fault": "oom-once",
     "compiler_cache": "/tmp/compiler cache/x",
     "compiler_cache_cold": True,
+    "profile_steps": 2,
+    "profile_trace": "/tmp/traces x/cell.json.gz",
 }
 PLAIN = CellSpec(model="mlp", variant="eager", knobs="eager", mode="train", batch_size=2)
 ASKED = [field.name for field in dataclasses.fields(CellSpec) if field.name not in NOT_ASKED]

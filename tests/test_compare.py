@@ -182,7 +182,7 @@ def test_intervals_short_of_95_percent_say_their_level(compared: pd.DataFrame) -
     few, slower = row_of(compared, "few"), row_of(compared, "slower")
     assert few["ratio_confidence"] == pytest.approx(0.9)  # 3 against 3: all pairs cover 90 %
     assert slower["ratio_confidence"] >= 0.95
-    shown = {row[5]: row[3] for row in display_rows(compared)}
+    shown = {row[6]: row[3] for row in display_rows(compared)}
     few_label = next(label for label in shown if "/few/" in label)
     slower_label = next(label for label in shown if "/slower/" in label)
     assert shown[few_label].endswith("] 90%")
@@ -255,7 +255,9 @@ def test_cli_prints_the_table_and_exits_1_when_slower(
     old, new = result_sets
     assert compare_script.main([str(old), str(new)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == [h for header in DISPLAY_HEADERS for h in header.split()]
+    # Neither set has machine-speed probes: the machine comes first, saying so.
+    assert out[0].startswith("no machine-speed probe in old and new")
+    assert out[1].split() == [h for header in DISPLAY_HEADERS for h in header.split()]
     slower = next(line for line in out if "/slower/" in line)
     assert slower.startswith("- ")
     assert "(n=10)" in slower and "slower" in slower
@@ -283,7 +285,7 @@ def test_cli_only_changed_and_outputs(
     )
     assert status == 1
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 1 + 5 + 2  # header, + + - x x rows, verdict, slower line
+    assert len(printed) == 1 + 1 + 5 + 2  # machine, header, + + - x x rows, verdict, slower
     written = pd.read_csv(csv, keep_default_na=False)
     assert list(written.columns) == COMPARE_COLUMNS
     assert len(written) == 9  # the files hold every cell

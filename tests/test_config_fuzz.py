@@ -104,7 +104,7 @@ def test_the_default_config_passes_and_gets_its_defaults() -> None:
     config = copy.deepcopy(DEFAULT_CONFIG)
     del config["steps"], config["trials"]
     assert prepare(config) == "cpu"
-    assert config["steps"] == {"warmup": 3, "measured": 10, "numerics": 2}
+    assert config["steps"] == {"warmup": 3, "measured": 10, "numerics": 2, "profiled": 3}
     assert (config["trials"], config["oom_retry"], config["modes"]) == (5, False, ["train"])
     assert config["mem_mb"] == 16000
 
@@ -129,7 +129,7 @@ def prepared_default() -> dict[str, Any]:
 def test_a_partial_steps_block_gets_the_missing_steps() -> None:
     config = changed("steps", {"measured": 4})
     prepare(config)
-    assert config["steps"] == {"measured": 4, "warmup": 3, "numerics": 2}
+    assert config["steps"] == {"measured": 4, "warmup": 3, "numerics": 2, "profiled": 3}
 
 
 def test_device_auto_is_resolved_by_the_detector() -> None:

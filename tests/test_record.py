@@ -120,7 +120,7 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "trial": 0, "seed": 0, "warmup_steps": 3, "measured_steps": 10, "numerics_steps": 2,
             "device": "cpu", "threads": 0, "timeout_s": 1800.0, "fault": "",
             "compiler_cache": "", "compiler_cache_cold": False, "numerics_by_first_trial": False,
-            "retried_from_batch_size": None,
+            "profile_steps": 0, "profile_trace": "", "retried_from_batch_size": None,
         },
         "status": "failed", "reason": "RuntimeError: boom", "detail": "",
         "metrics": {
@@ -167,7 +167,18 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "gpu_other_processes": None, "energy_j": None, "energy_source": "",
             "energy_not_measured": "", "rank_energy_j": [], "rank_gpu_sm_mhz_median": [],
             "rank_gpu_samples": [], "sampler_cpu_s": None, "sampling_s": None,
+            "probe_cpu_gemm_s_before": None, "probe_cpu_gemm_s_after": None,
+            "probe_cpu_memory_s_before": None, "probe_cpu_memory_s_after": None,
+            "probe_gpu_gemm_s_before": None, "probe_gpu_gemm_s_after": None,
+            "probe_gpu_sm_mhz_before": None, "probe_gpu_sm_mhz_after": None,
+            "probe_threads": None, "probe_cost_s": None, "probe_work": "",
             "not_readable": "",
+        },
+        "profile": {
+            "profiled": False, "reason": "", "steps": 0, "activities": "", "timeline": "",
+            "step_time_s": None, "time_by_kind_s": {}, "sum_error": None, "sums": None,
+            "tolerance": None, "kernels_per_step": None, "copies_per_step": None,
+            "ops_by_kind": {}, "other_threads_s": None, "trace": "", "notes": "",
         },
         "started_at": "", "finished_at": "", "duration_s": None, "schema_version": 2,
     }  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers import (
@@ -64,8 +66,11 @@ from ptspeed.render.tables import (
     CLAIMS_TABLE,
     COMPILED_SEED_TABLE,
     COMPILER_HEADER,
+    FIRST_STEP_TABLE,
+    MEDIAN_HEADER,
     NOISY_TABLE,
     SEED_TABLE,
+    SPEEDUP_HEADER,
     SUMMARY_TABLE,
     Column,
     Table,
@@ -138,30 +143,39 @@ def expected_median(row: dict[str, Any]) -> str:
 
 
 def expected_perturbed(row: dict[str, Any]) -> str:
-    count, reasons = row["perturbed_trials"], row["perturbed_reasons"]
-    return f"{count} ({reasons})" if count and isinstance(reasons, str) and reasons else str(count)
+    count, reasons, reruns = row["perturbed_trials"], row["perturbed_reasons"], row["reruns"]
+    shown = f"{count} ({reasons})" if count and isinstance(reasons, str) and reasons else str(count)
+    return f"{shown}; {reruns} rerun{'s' if reruns > 1 else ''}" if reruns else shown
+
+
+def expected_cell(row: dict[str, Any]) -> list[str]:
+    """A summary row's cell and sizes, as the tables of every cell show them."""
+    sizes = [format_int(row[key]) for key in ("batch_size", "image_size", "seq_len")]
+    return [row["env"], row["model"], row["variant"], row["mode"], *sizes]
 
 
 def expected_summary_table(summary: pd.DataFrame) -> list[list[str]]:
     rows = [
         [
-            row["env"],
-            row["model"],
-            row["variant"],
-            row["mode"],
-            format_int(row["batch_size"]),
-            format_int(row["image_size"]),
-            format_int(row["seq_len"]),
+            *expected_cell(row),
             f"{row['trials']} ({row['statuses']})",
             expected_median(row),
             "—"
             if math.isnan(row["min_samples_per_s"])
             else f"{format_samples_per_s(row['min_samples_per_s'])}–"
             f"{format_samples_per_s(row['max_samples_per_s'])}",
-            format_fraction_as_percent(row["cv"]),
-            "yes" if row["noisy"] else "",
+            format_fraction_as_percent(row["cv"]) + (" noisy" if row["noisy"] else ""),
             expected_perturbed(row),
-            format_int(row["reruns"]),
+        ]
+        for row in summary.to_dict("records")
+    ]
+    return [headers(SUMMARY_TABLE), *rows]
+
+
+def expected_first_step_table(summary: pd.DataFrame) -> list[list[str]]:
+    rows = [
+        [
+            *expected_cell(row),
             format_seconds(row["median_first_step_s"]),
             format_compile_time(
                 row["compile_time_s"], row["compile_time_cold_s"], row["compile_time_warm_s"]
@@ -175,7 +189,7 @@ def expected_summary_table(summary: pd.DataFrame) -> list[list[str]]:
         ]
         for row in summary.to_dict("records")
     ]
-    return [headers(SUMMARY_TABLE), *rows]
+    return [headers(FIRST_STEP_TABLE), *rows]
 
 
 def expected_noisy_table(summary: pd.DataFrame) -> list[list[str]]:
@@ -250,12 +264,7 @@ def test_seed_notes_say_where_the_claim_was_made(
 
 def test_every_shown_throughput_carries_its_trial_count(markdown: str, html: str) -> None:
     pattern = re.compile(r"(\d+\.\d( \[(no interval|\d+\.\d–\d+\.\d(, \d+%)?)\])?|—) \(n=\d+\)")
-    rate_columns = {
-        "baseline samples/s",
-        "candidate samples/s",
-        "median samples/s [interval, 95% unless stated]",
-        "median samples/s",
-    }
+    rate_columns = {"baseline samples/s", "candidate samples/s", MEDIAN_HEADER, "median samples/s"}
     html_shown = [table for tables in read_page(html).tables.values() for table in tables]
     checked = 0
     for table in [*markdown_tables(markdown), *html_shown]:
@@ -271,34 +280,71 @@ def test_every_shown_throughput_carries_its_trial_count(markdown: str, html: str
 # --- the other tables ----------------------------------------------------------------------------
 
 
-def test_summary_table_equals_the_csv(
+def test_summary_tables_equal_the_csv(
     markdown: str, html: str, tables: dict[str, pd.DataFrame]
 ) -> None:
     expected = expected_summary_table(tables["summary"])
     [table] = markdown_tables(section(markdown, "Every cell"))
     assert table == expected
     assert read_page(html).tables["summary"] == [html_cells(expected)]
+    first_steps = expected_first_step_table(tables["summary"])
+    [table] = markdown_tables(section(markdown, "Step times, memory and compilation"))
+    assert table == first_steps
+    assert read_page(html).tables["timing"] == [html_cells(first_steps)]
 
 
 def test_summary_rows_for_the_fixture(markdown: str, tables: dict[str, pd.DataFrame]) -> None:
     [table] = markdown_tables(section(markdown, "Every cell"))
+    [costs] = markdown_tables(section(markdown, "Step times, memory and compilation"))
     summary = tables["summary"]
     compiled = summary.index[summary["variant"].eq("compile") & summary["model"].eq("resnet50")]
-    assert table[1 + compiled[0]][7:] == [
+    assert table[1 + compiled[0]][4:] == [
+        "8",
+        "96",
+        "—",  # resnet50 takes no sequence length
         "3 (ok:2 failed:1)",
         "165.0 [150.0–180.0, 50%] (n=2)",
         "150.0–180.0",
-        "12.9%",
-        "yes",
-        "0",  # no trial recorded conditions: none perturbed
-        "0",  # and none rerun
+        "12.9% noisy",
+        "0",  # no trial recorded conditions: none perturbed, none rerun
+    ]
+    assert costs[1 + compiled[0]][7:] == [
         "2.50 s",
         "0.00 s",  # torch-2.0 eager's first steps: 2.0 and 3.0 s, as compile's
         "—",  # the fixture's records say nothing of what the compiler did
         "100.5 MiB",
     ]
     gpt2 = summary.index[summary["variant"].eq("compile") & summary["model"].eq("gpt2")]
-    assert table[1 + gpt2[0]][7:9] == ["2 (unsupported:1 missing:1)", "— (n=0)"]
+    assert table[1 + gpt2[0]][4:9] == ["2", "—", "64", "2 (unsupported:1 missing:1)", "— (n=0)"]
+
+
+def test_sizes_a_model_does_not_use_are_blank_in_every_table(
+    tables: dict[str, pd.DataFrame],
+) -> None:
+    """bert-base and gpt2 take no image size and resnet50 no sequence length: the records hold
+    CellSpec's defaults for them (224, 128), the tables leave them blank."""
+    for name in ("runs", "summary", "speedups", "steps"):
+        frame = tables[name]
+        text_models = frame["model"].isin(["bert-base", "gpt2"])
+        assert frame.loc[text_models, "image_size"].isna().all(), name
+        assert frame.loc[frame["model"] == "resnet50", "seq_len"].isna().all(), name
+        assert (frame.loc[text_models & frame["batch_size"].notna(), "seq_len"] == 64).all(), name
+    runs = tables["runs"]
+    # Rows of every kind: the missing record's cell comes from its path, the stale one's too.
+    assert {"ok", "missing", "stale"} <= set(runs.loc[runs["model"] == "gpt2", "status"]) | set(
+        runs.loc[runs["model"] == "resnet50", "status"]
+    )
+
+
+def test_a_table_written_before_sizes_were_blanked_reads_them_blank(tmp_path: Path) -> None:
+    old = pd.DataFrame(
+        {"model": ["bert-base", "resnet50", "mine"], "batch_size": [4, 8, 2],
+         "image_size": [224, 96, 224], "seq_len": [64, 128, 128]}
+    )  # fmt: skip
+    old.to_csv(tmp_path / "summary.csv", index=False)
+    table = read_table(tmp_path / "summary.csv")
+    assert table["image_size"].isna().tolist() == [True, False, False]  # mine: not registered
+    assert table["seq_len"].isna().tolist() == [False, True, False]
 
 
 def test_versions_table_of_the_fixture(markdown: str, html: str) -> None:
@@ -458,11 +504,13 @@ def test_a_compiled_candidate_shows_what_the_compiler_did_beside_the_speedup(
     ].blocks
     assert compiled.table.headers == compile_alone.table.headers == headers(COMPILED_SEED_TABLE)
     column = headers(COMPILED_SEED_TABLE).index(COMPILER_HEADER)
-    assert column == headers(SEED_TABLE).index("speedup [interval, 95% unless stated]") + 1
+    assert column == headers(SEED_TABLE).index(SPEEDUP_HEADER) + 1
     assert [row[column] for row in compiled.table.rows] == ["2.5 / 1 / 0", "—", "—"]
-    assert compiled.note.endswith("Candidate's graph breaks: resnet50: print; len of a tensor.")
+    # Below the table: the caption above it stays one line.
+    assert compiled.footnote == "Candidate's graph breaks: resnet50: print; len of a tensor."
+    assert "graph breaks" not in compiled.note
     assert eager.table.headers == headers(SEED_TABLE)  # its candidate did not compile
-    assert "graph breaks" not in eager.note
+    assert not eager.footnote
 
 
 def test_cells_measured_in_several_torch_versions_are_side_by_side(tmp_path: Path) -> None:
@@ -543,7 +591,10 @@ def test_method_section_says_what_three_trials_cannot_do() -> None:
 def expected_classes(columns: list[Column]) -> tuple[list[str], list[str]]:
     """The classes a table's header and body cells get from its columns' specs."""
     heads = ["num" if c.align == "right" else "" for c in columns]
-    cells = ["num" if c.align == "right" else "wrap" if c.wrap else "" for c in columns]
+    cells = [
+        " ".join(name for name, has in (("num", c.align == "right"), ("wrap", c.wrap)) if has)
+        for c in columns
+    ]
     return heads, cells
 
 
@@ -554,7 +605,7 @@ def html_classes(html: str) -> list[tuple[list[str], list[list[str]]]]:
         head, body = table.split("</thead>")
         heads = re.findall(r'<th(?: class="(\w+)")?>', head)
         rows = re.findall(r"<tr>(.*?)</tr>", body, re.DOTALL)
-        found.append((heads, [re.findall(r'<td(?: class="(\w+)")?[ >]', row) for row in rows]))
+        found.append((heads, [re.findall(r'<td(?: class="([\w ]+)")?[ >]', row) for row in rows]))
     return found
 
 
@@ -570,8 +621,9 @@ def test_every_table_has_a_cell_per_column_aligned_as_its_spec(
     frames = tables["runs"], tables["summary"], tables["speedups"]
     built = build_sections(ReportInputs(*frames, CONFIG, CLAIMS, tables["steps"]))
     shown = [b.table for s in built for b in s.blocks if b.table is not None and b.table.rows]
-    # two seed tables, claims, versions, summary, failures, noisy, environments, method
-    assert len(shown) == 9
+    # two seed tables, claims, versions, summary, first steps, failures, noisy, environments,
+    # method
+    assert len(shown) == 10
     for table in shown:
         assert all(len(row) == len(table.columns) == len(table.headers) for row in table.rows)
     page = html_classes(html)
@@ -588,8 +640,9 @@ def test_a_column_keeps_its_alignment_wherever_it_is_added(tmp_path: Path) -> No
     number = Column("n", lambda row: str(row["n"]), align="right")
     prose = Column("why", lambda row: row["why"], wrap=True)
     name = Column("name", lambda row: row["name"])
+    both = Column("m", lambda row: str(row["n"]), align="right", wrap=True)
     rows = [{"n": 3, "why": "a reason", "name": "x"}]
-    for columns in ([number, prose, name], [name, number, prose], [prose, name, number]):
+    for columns in ([number, prose, name], [name, number, prose], [prose, name, number, both]):
         table = Table.of(columns, rows)
         section = Section("s", "S", "", [Block(table=table)])
         environment = template_environment()
@@ -597,10 +650,40 @@ def test_a_column_keeps_its_alignment_wherever_it_is_added(tmp_path: Path) -> No
         text = environment.get_template("report.md.j2").render(sections=[section])
         heads, cells = expected_classes(columns)
         assert html_classes(page) == [(heads, [cells])]
-        assert markdown_rules(text) == [["---:" if c is number else "---" for c in columns]]
+        assert markdown_rules(text) == [["---:" if c.align == "right" else "---" for c in columns]]
         assert markdown_tables(text) == [[headers(columns), table.rows[0]]]
     with pytest.raises(ValueError, match="2 columns but rows of"):
         Table([number, prose], [["3"]])
+
+
+def test_the_verdict_comes_first_and_its_reason_below_it(html: str) -> None:
+    """The answer first: the verdict's words, then its reason on a smaller line of its own; the
+    separator stays in the text (hidden), which reads as the Markdown's cell."""
+    seed = html[html.index('id="seed-table"') : html.index('id="claims"')]
+    verdicts = re.findall(r'<td class="wrap" data-label="verdict">(.*?)</td>', seed)
+    assert verdicts[0] == (
+        'consistent with the claim<span class="sep">: </span><small class="detail">measured on '
+        "Test CPU (cpu), fp32; interval at 80% confidence (3 and 2 ok trials cannot reach 95%)"
+        "</small>"
+    )
+    published = re.findall(r'<td class="wrap" data-label="published">(.*?)</td>', seed)
+    assert published[0] == (
+        '×1.48 (+48%)<span class="sep">; </span><small class="detail">125.0 → 185.0 '
+        "samples/s</small>"
+    )
+    assert "td .sep { display: none; }" in html
+    assert ".detail { display: block;" in html
+
+
+def test_captions_are_short_and_the_method_is_in_method(tables: dict[str, pd.DataFrame]) -> None:
+    """What a section and a table are takes a line or two above them; how the numbers are made
+    is the Method section's."""
+    frames = tables["runs"], tables["summary"], tables["speedups"]
+    built = build_sections(ReportInputs(*frames, CONFIG, CLAIMS, tables["steps"]))
+    texts = [s.intro for s in built] + [b.note for s in built for b in s.blocks]
+    assert max(len(text) for text in texts) <= 230, max(texts, key=len)
+    method = {row[0] for row in built[-1].blocks[0].table.rows}
+    assert {COMPILER_HEADER, "compile time", "cv", "energy", "stale record", "sizes"} <= method
 
 
 def test_html_is_self_contained_and_responsive(html: str) -> None:
@@ -612,7 +695,9 @@ def test_html_is_self_contained_and_responsive(html: str) -> None:
     assert "overflow-x: auto" in html
     assert "max-width: 100%" in html
     assert html.index('id="seed-table"') < html.index('id="summary"')
-    assert "×1.50 (+50%) [1.25–1.80]" in html
+    # A number cell breaks between its value and its interval, never inside either.
+    units = '<span class="unit">×1.50 (+50%)</span> <span class="unit">[1.25–1.80] 80%</span>'
+    assert units in html
     assert "needs torch&gt;=2.0 | fake" in html  # escaped, not markup
 
 
@@ -821,6 +906,120 @@ def test_render_cli_reports_bad_input_in_one_line(
     assert result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+def drawn_figure(monkeypatch: pytest.MonkeyPatch, draw: Any) -> Any:
+    """The matplotlib figure behind ``draw()``'s chart, drawn."""
+    drawn = []
+    encode = figures._data_uri
+    monkeypatch.setattr(figures, "_data_uri", lambda figure: drawn.append(figure) or encode(figure))
+    assert draw() is not None
+    [figure] = drawn
+    figure.canvas.draw()
+    return figure
+
+
+def x_tick_labels(figure: Any) -> list[tuple[str, Any]]:
+    """The x tick labels the figure shows (major and minor, inside the axes' limits), with
+    their boxes in pixels."""
+    [ax] = figure.axes
+    low, high = sorted(ax.get_xlim())
+    renderer = figure.canvas.get_renderer()
+    ticks = [
+        *zip(ax.xaxis.get_majorticklocs(), ax.xaxis.get_majorticklabels(), strict=True),
+        *zip(ax.xaxis.get_minorticklocs(), ax.xaxis.get_minorticklabels(), strict=True),
+    ]
+    return [
+        (label.get_text(), label.get_window_extent(renderer))
+        for location, label in ticks
+        if low <= location <= high and label.get_visible() and label.get_text()
+    ]
+
+
+def step_rows(low_ms: float, high_ms: float) -> pd.DataFrame:
+    """Steps of three models whose step times span ``low_ms`` to ``high_ms``, two cells each."""
+    rows = [
+        {"platform": "", "env": env, "model": f"model{i}", "variant": "eager", "mode": "train",
+         "batch_size": 8, "image_size": math.nan, "seq_len": 64, "trial": step % 3, "step": step,
+         "step_time_s": ms / 1000 * (1 + step / 100)}
+        for i, ms in enumerate((low_ms, math.sqrt(low_ms * high_ms), high_ms))
+        for env in ("torch-1.13", "torch-2.0-cu118")
+        for step in range(6)
+    ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def assert_labels_apart(figure: Any) -> list[str]:
+    """At least two x tick labels, no two of which overlap, all inside the figure; their texts."""
+    labels = x_tick_labels(figure)
+    assert len(labels) >= 2, labels  # enough to read the scale
+    boxes = sorted((box.x0, box.x1, text) for text, box in labels)
+    gaps = [(b[0] - a[1], a[2], b[2]) for a, b in itertools.pairwise(boxes)]
+    assert min(gap for gap, _, _ in gaps) > 0, gaps  # no two labels overlap
+    edge = figure.bbox
+    assert all(edge.x0 <= box.x0 and box.x1 <= edge.x1 for _, box in labels), labels
+    return [text for text, _ in labels]
+
+
+@pytest.mark.parametrize(
+    ("low_ms", "high_ms"),
+    [(12, 300), (30, 700), (40, 420), (3000, 33000), (0.05, 0.8), (2, 2000), (7, 7e5)],
+)
+def test_log_axis_tick_labels_never_overlap_and_stay_in_the_figure(
+    monkeypatch: pytest.MonkeyPatch, low_ms: float, high_ms: float
+) -> None:
+    """One or two decades of step times once got matplotlib's labels of its minor ticks
+    (2×10¹, 3×10¹, 4×10¹…) printed over each other."""
+    figure = drawn_figure(monkeypatch, lambda: figures.step_time_boxes(step_rows(low_ms, high_ms)))
+    assert figure.axes[0].get_xscale() == "log"
+    texts = assert_labels_apart(figure)
+    assert all(text.replace(".", "").isdigit() for text in texts if "e" not in text)
+
+
+@pytest.mark.parametrize(
+    ("low", "high"), [(123456.7, 370370.1), (123456.7, 123580.1), (0.0123, 0.01231)]
+)
+def test_linear_axis_tick_labels_never_overlap(
+    monkeypatch: pytest.MonkeyPatch, low: float, high: float
+) -> None:
+    """Long labels (123500, 0.01225) on an axes narrowed by long row labels."""
+    rows = [
+        {"env": "a-long-environment-name-" * 3 if i == 0 else f"env{i}", "variant": "eager",
+         "model": "mlp", "mode": "train", "batch_size": 8, "image_size": math.nan,
+         "seq_len": math.nan, "median_samples_per_s": rate, "median_low": rate * 0.999,
+         "median_high": rate * 1.001, "ok_trials": 3}
+        for i, rate in enumerate(np.linspace(low, high, 6))
+    ]  # fmt: skip
+    summary = pd.DataFrame(rows)
+    figure = drawn_figure(monkeypatch, lambda: figures.cell_dots(summary, figures.THROUGHPUT))
+    assert figure.axes[0].get_xscale() == "linear"
+    assert_labels_apart(figure)
+
+
+def test_every_figure_label_lies_inside_its_figure(
+    monkeypatch: pytest.MonkeyPatch, tables: dict[str, pd.DataFrame]
+) -> None:
+    """Row labels, axis labels and tick labels are all in the picture (the forest plot's axis
+    label once ran off its right edge)."""
+    for draw in (
+        lambda: figures.forest_plot(tables["speedups"]),
+        lambda: figures.cell_dots(tables["summary"], figures.THROUGHPUT),
+        lambda: figures.step_time_boxes(tables["steps"]),
+    ):
+        figure = drawn_figure(monkeypatch, draw)
+        assert_labels_apart(figure)
+        [ax] = figure.axes
+        renderer = figure.canvas.get_renderer()
+        texts = [*ax.texts, ax.xaxis.label]
+        boxes = [box for _, box in x_tick_labels(figure)]
+        boxes += [text.get_window_extent(renderer) for text in texts if text.get_text()]
+        edge = figure.bbox
+        outside = [b for b in boxes if not (edge.x0 - 0.5 <= b.x0 and b.x1 <= edge.x1 + 0.5)]
+        assert not outside, (draw, edge, outside)
+        monkeypatch.undo()
 
 
 # --- trials over the run -------------------------------------------------------------------------

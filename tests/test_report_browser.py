@@ -1,6 +1,8 @@
 """The report in a real browser: headless Chromium opens the page rendered from a fixture with
 failures and missing cells, finds the seed table and the figures, decodes every figure, logs
-nothing to the console, and fits a narrow window without sideways scrolling.
+nothing to the console, and fits a narrow window without sideways scrolling. In a 1280 and a
+1600 px window every table fits the page, verdicts included, also a seed table of two platforms
+with compiled candidates and long verdicts (a wide page).
 
 Needs Debian's ``chromium`` package (``apt-get install chromium``); skipped without it.
 Screenshots are kept under ``results/`` in the test's temporary directory.
@@ -40,6 +42,7 @@ FLAGS = [
     "--disable-sync",
 ]
 LAPTOP = "1280,2000"
+WIDE = "1600,2000"
 NARROW = "500,1600"  # headless Chromium's narrowest window: a large phone held upright
 TIMEOUT_S = 60
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -52,10 +55,27 @@ window.addEventListener("load", () => {
     page: document.documentElement.scrollWidth,
     decoded: images.map((image) => image.naturalWidth),
     shown: images.map((image) => Math.ceil(image.getBoundingClientRect().width)),
+    width: document.documentElement.clientWidth,
+    tables: [...document.querySelectorAll("table")].map((table) => {
+      const heads = [...table.tHead.rows[0].cells].map((cell) => cell.textContent);
+      const verdict = heads.indexOf("verdict");
+      const rows = [...table.tBodies[0].rows];
+      return {
+        section: table.closest("section").id,
+        right: table.getBoundingClientRect().right,
+        box: table.parentElement.getBoundingClientRect().right,
+        verdicts: verdict < 0 ? [] : rows.map((row) => {
+          const cell = row.cells[verdict].getBoundingClientRect();
+          return {right: cell.right, width: cell.width, height: cell.height};
+        }),
+      };
+    }),
   });
 });
 </script>
 """
+# Slack for sub-pixel layout, in CSS pixels.
+PIXEL = 1.0
 
 pytestmark = [
     pytest.mark.browser,
@@ -74,6 +94,40 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tables = {name: read_table(out_dir / f"{name}.csv") for name in TABLE_NAMES}
     render_tables(tables, tmp_path / "report")
     return {"root": tmp_path, "page": tmp_path / "report" / "index.html", "tables": tables}
+
+
+@pytest.fixture(scope="module")
+def wide_site(site: dict[str, Any]) -> dict[str, Any]:
+    """The fixture's tables made as wide as a real run's: every comparison on two platforms,
+    both sides compiled, long verdicts, a long environment name and every cell's compile time
+    with its cold and warm parts."""
+    tables = site["tables"]
+    compiled = {
+        f"{side}_median_{name}": value
+        for side in ("baseline", "candidate")
+        for name, value in (("compiled_graphs", 12), ("graph_breaks", 3), ("recompilations", 11))
+    }
+    reason = (
+        "claimed on NVIDIA A100-SXM4-80GB, fp32; measured on NVIDIA H100 80GB HBM3 (cuda), "
+        "tf32 / bf16; interval at 80% confidence (3 and 2 ok trials cannot reach 95%)"
+    )
+    speedups = tables["speedups"].assign(**compiled, verdict_reason=reason)
+    speedups = pd.concat(
+        [speedups.assign(platform=name) for name in ("a100-sxm4-80gb", "h100-80gb-hbm3")]
+    )
+    longer = {"torch-2.0": "torch-2.0-cu118"}
+    summary = tables["summary"].assign(
+        env=tables["summary"]["env"].replace(longer),
+        compile_time_s=123.45,
+        compile_time_cold_s=301.25,
+        compile_time_warm_s=32.5,
+    )
+    runs = tables["runs"].assign(env=tables["runs"]["env"].replace(longer))
+    root = site["root"] / "wide"
+    root.mkdir()
+    wide = {**tables, "runs": runs, "summary": summary, "speedups": speedups}
+    render_tables(wide, root / "report")
+    return {"root": root, "page": root / "report" / "index.html", "tables": wide}
 
 
 def chromium(root: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -147,6 +201,37 @@ def test_dom_has_the_seed_table_and_the_figures(site: dict[str, Any]) -> None:
         assert image["alt"]
     assert "missing" in {row[6] for row in page.tables["failures"][0][1:]}
     assert console_messages(result.stderr) == []
+
+
+@pytest.mark.parametrize("page", ["site", "wide_site"])
+@pytest.mark.parametrize("window", [LAPTOP, WIDE])
+def test_every_table_fits_the_window_and_shows_its_verdicts(
+    request: pytest.FixtureRequest, page: str, window: str
+) -> None:
+    """No table is wider than the page (none scrolls in its box): the seed table's verdicts, the
+    answer to the question, are all in view, each on the screen."""
+    served: dict[str, Any] = request.getfixturevalue(page)
+    found = probe(served, window)
+    width = found["width"]
+    assert len(found["tables"]) >= 10
+    for table in found["tables"]:
+        assert table["right"] <= min(width, table["box"]) + PIXEL, (table["section"], found)
+    seed = [table for table in found["tables"] if table["section"] == "seed-table"]
+    verdicts = [cell for table in seed for cell in table["verdicts"]]
+    assert len(verdicts) == len(served["tables"]["speedups"])  # every row's verdict
+    for cell in verdicts:
+        assert cell["width"] > 0 and cell["height"] > 0, cell
+        assert cell["right"] <= width + PIXEL, (cell, width)
+    screenshot = served["root"] / "results" / f"report-{window.split(',')[0]}.png"
+    screenshot.parent.mkdir(exist_ok=True)
+    result = chromium(
+        served["root"],
+        served["page"].as_uri(),
+        f"--screenshot={screenshot}",
+        f"--window-size={window}",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert screenshot.read_bytes().startswith(PNG_MAGIC)
 
 
 @pytest.mark.parametrize("window", [LAPTOP, NARROW])

@@ -7,8 +7,9 @@ statistics the summary and speedups carry per cell (:data:`COMPILER_COLUMNS`); t
 runs row can have beyond a record's own
 (``stale``, ``missing``, ``unreadable``); the confidence and significance levels the tables'
 intervals and tests are computed at; the conversions that give the runs and steps frames their
-column types (:func:`typed_runs`, :func:`typed_steps`); and :func:`read_table`, which reads a
-table's CSV back with those types. Pure but for :func:`read_table`; no torch.
+column types (:func:`typed_runs`, :func:`typed_steps`); the sizes a model does not use, which
+its rows leave blank (:func:`unused_sizes`); and :func:`read_table`, which reads a table's CSV
+back with those types. Pure but for :func:`read_table`; no torch.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ptspeed.analysis import breakdown
 from ptspeed.analysis.conditions import (
     CONDITION_COLUMNS,
     CONDITION_INT_COLUMNS,
@@ -36,7 +38,8 @@ from ptspeed.analysis.late_numerics import GATE_LOSS_BOUND, LATE_COLUMNS
 from ptspeed.analysis.reruns import RERUN_COLUMNS
 from ptspeed.analysis.staleness import STALE
 from ptspeed.cell.record import STATUSES, CellSpec, Metrics
-from ptspeed.plan.layout import SIZE_KEYS
+from ptspeed.models import REGISTRY
+from ptspeed.plan.layout import DEFAULT_SIZES, SIZE_KEYS
 
 UNREADABLE = "unreadable"
 MISSING = "missing"
@@ -102,6 +105,7 @@ RUNS_COLUMNS = [
     JOULES_PER_SAMPLE,
     *JUDGEMENT_COLUMNS,
     *RERUN_COLUMNS,
+    *breakdown.RUN_COLUMNS,
 ]
 
 CELL_KEYS = ["platform", "env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
@@ -140,6 +144,7 @@ SUMMARY_COLUMNS = [
     "perturbed_trials",
     "perturbed_reasons",
     "reruns",
+    *breakdown.SUMMARY_COLUMNS,
 ]
 # Each column of the speedups table and whether it holds text (the rest are numbers).
 _SPEEDUP_COLUMN_IS_TEXT = {
@@ -185,6 +190,7 @@ _SPEEDUP_COLUMN_IS_TEXT = {
     "measured_precision": True,
     "verdict": True,
     "verdict_reason": True,
+    **breakdown.speedup_columns(),
 }
 SPEEDUP_COLUMNS = list(_SPEEDUP_COLUMN_IS_TEXT)
 
@@ -201,6 +207,7 @@ _INT_COLUMNS = [
     "warmup_steps",
     "measured_steps",
     "numerics_steps",
+    "profile_steps",
     "threads",
     "retried_from_batch_size",
     "attempt",
@@ -231,6 +238,7 @@ _FLOAT_COLUMNS = [
     *LATE_COLUMNS[:-1],
     "duration_s",
     JOULES_PER_SAMPLE,
+    *breakdown.RUN_FLOAT_COLUMNS,
     *(
         c
         for c in CONDITION_COLUMNS
@@ -239,7 +247,13 @@ _FLOAT_COLUMNS = [
 ]
 # A later trial of a cell, whose numerics gate its first trial ran (CellSpec).
 FIRST_TRIAL_FLAG = "numerics_by_first_trial"
-_FLAG_COLUMNS = ["numerics_passed", "pinned", "perturbed", FIRST_TRIAL_FLAG]
+_FLAG_COLUMNS = [
+    "numerics_passed",
+    "pinned",
+    "perturbed",
+    FIRST_TRIAL_FLAG,
+    *breakdown.RUN_FLAG_COLUMNS,
+]
 _TEXT_COLUMNS = [
     c for c in RUNS_COLUMNS if c not in (*_INT_COLUMNS, *_FLOAT_COLUMNS, *_FLAG_COLUMNS)
 ]
@@ -257,6 +271,7 @@ SUMMARY_TEXT_COLUMNS = [
     "reasons",
     "retried_from_batch_size",
     "perturbed_reasons",
+    *breakdown.SUMMARY_TEXT_COLUMNS,
 ]
 SPEEDUP_TEXT_COLUMNS = [c for c, is_text in _SPEEDUP_COLUMN_IS_TEXT.items() if is_text]
 TEXT_COLUMNS = sorted({*_TEXT_COLUMNS, *SUMMARY_TEXT_COLUMNS, *SPEEDUP_TEXT_COLUMNS})
@@ -329,9 +344,33 @@ def _text_or_na(value: Any) -> Any:
 
 def read_table(path: str | Path) -> pd.DataFrame:
     """Read a CSV written by this module: empty fields are NaN, and text columns stay text
-    (a CUDA version '11.7' or a commit '1234567' must not turn into a number)."""
+    (a CUDA version '11.7' or a commit '1234567' must not turn into a number). The sizes a
+    row's model does not use read blank, also from tables written before they were."""
     text_columns = {column: str for column in TEXT_COLUMNS}
-    return pd.read_csv(path, dtype=text_columns, keep_default_na=False, na_values=[""])
+    table = pd.read_csv(path, dtype=text_columns, keep_default_na=False, na_values=[""])
+    # copy(): one block per type (read_csv leaves a block per column, and a frame of that many
+    # blocks warns of fragmentation on every column a reader adds).
+    return blank_unused_sizes(table).copy()
+
+
+def unused_sizes(model: Any) -> tuple[str, ...]:
+    """The sizes beyond the batch that ``model`` does not use (``REGISTRY[model].uses``): its
+    cells leave them blank. None for a model the registry does not know."""
+    entry = REGISTRY.get(model) if isinstance(model, str) else None
+    return () if entry is None else tuple(key for key in DEFAULT_SIZES if key not in entry.uses)
+
+
+def blank_unused_sizes(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with the sizes each row's model does not use blank (NaN)."""
+    if "model" not in table.columns:
+        return table
+    unused = {model: unused_sizes(model) for model in table["model"].dropna().unique()}
+    blanked = {}
+    for key in DEFAULT_SIZES:
+        blank = table["model"].map(lambda model, key=key: key in unused.get(model, ()))
+        if key in table.columns and blank.any():
+            blanked[key] = table[key].mask(blank.astype(bool))
+    return table.assign(**blanked) if blanked else table
 
 
 def platform_column(frame: pd.DataFrame) -> pd.Series:

@@ -15,6 +15,24 @@ A cell counts as a regression (``-``) only when both the test and the interval s
 drop exceeds the threshold, so that noise alone does not fail a CI job. Trials judged perturbed
 (``perturbed`` in runs.csv) are left out unless kept, as the speedups leave them out.
 
+The machine is accounted for. Every trial since issue 31 probes the machine's speed just
+outside its window (:mod:`ptspeed.cell.probe`; :func:`ptspeed.analysis.conditions.probe_s`).
+Per probe group (platform, device, CPU threads, probe work:
+:func:`ptspeed.analysis.conditions.probe_group`) the machine's ratio ``m`` is the
+Hodges–Lehmann ratio new / old of the probes' speeds (1 / probe_s) over the same trials the
+cells count, with its exact interval ``[m_low, m_high]`` (:func:`machine_changes`). The rule,
+with ``r [r_low, r_high]`` a cell's ratio and ``t`` the threshold (the minimum effect):
+
+* ``-`` slower: the change is significant, ``r / m < 1 - t``, and ``r_high < m_low`` (the
+  cell's whole interval lies below the machine's: the machine's own change cannot explain it);
+* ``+`` faster: significant, ``r / m > 1 + t`` and ``r_low > m_high``;
+* otherwise unchanged; a significant change beyond the threshold that the machine explains says
+  so in ``change``.
+
+Where a side has no probes (records from before them) ``m`` is 1 with an interval [1, 1], the
+rule above without the machine. :func:`machine_lines` says first, per group, each run's probe
+and whether the machine changed between the runs (:data:`MACHINE_CHANGE`).
+
 Where both result sets have a ``speedups.csv`` beside their ``runs.csv``,
 :func:`cross_check_speedups` checks each comparison's speedup of one run against the other's
 interval, both ways: two runs of one matrix on one machine should agree.
@@ -25,19 +43,30 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ptspeed.analysis import ranks, stats
-from ptspeed.analysis.columns import ALPHA, CELL_KEYS, CONFIDENCE, platform_column, read_table
-from ptspeed.analysis.conditions import counted_in_speedups
+from ptspeed.analysis.columns import (
+    ALPHA,
+    CELL_KEYS,
+    CONFIDENCE,
+    platform_column,
+    read_table,
+    unused_sizes,
+)
+from ptspeed.analysis.conditions import counted_in_speedups, probe_group, probe_s
 from ptspeed.analysis.summary import status_counts
 from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, platform_directory, size_label
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
 DEFAULT_THRESHOLD = 0.05
+# The machine changed between the runs when its probe's ratio is significant and beyond this
+# (one thread's probe varies by about 3 % within a quiet run on the development VM).
+MACHINE_CHANGE = 0.03
 # Tables from before platforms have no platform column: they are one unnamed platform.
 REQUIRED_COLUMNS = [
     *(key for key in CELL_KEYS if key != "platform"),
@@ -57,6 +86,11 @@ COMPARE_COLUMNS = [
     "ratio_confidence",
     "p_value",
     "significant",
+    "machine_ratio",
+    "machine_low",
+    "machine_high",
+    "machine_confidence",
+    "corrected_ratio",
     "change",
 ]
 
@@ -112,8 +146,11 @@ def compare_runs(
     if not 0.0 <= threshold < 1.0:
         raise InputError(f"threshold must lie in [0, 1), got {threshold}")
     old_cells, new_cells = cells_of(old, keep_perturbed), cells_of(new, keep_perturbed)
+    machines = machine_changes(old, new, keep_perturbed)
     keys = sorted(old_cells.keys() | new_cells.keys(), key=_sort_key)
-    rows = [_compared(key, old_cells.get(key), new_cells.get(key), threshold) for key in keys]
+    rows = [
+        _compared(key, old_cells.get(key), new_cells.get(key), threshold, machines) for key in keys
+    ]
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
@@ -124,20 +161,160 @@ def cells_of(
     and all its statuses. Rows whose cell is unknown (an unreadable file outside the workflow's
     layout) cannot be matched and are left out."""
     # Only the same platform is compared across runs; a run without platforms is one unnamed.
-    known = runs[runs["env"].notna()]
-    known = known.assign(platform=platform_column(known))
+    known = _known(runs)
     rates = pd.to_numeric(known["throughput_samples_per_s"], errors="coerce")
     rates = rates.where(
         counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
     )
     cells: dict[tuple[Any, ...], dict[str, Any]] = {}
     columns = [known[key].tolist() for key in CELL_KEYS]
-    for *key, status, rate in zip(*columns, known["status"], rates, strict=True):
-        cell = cells.setdefault(tuple(_plain(v) for v in key), {"rates": [], "statuses": []})
+    groups = [probe_group(row) for row in known.to_dict("records")]
+    for *key, status, rate, group in zip(*columns, known["status"], rates, groups, strict=True):
+        cell = cells.setdefault(
+            tuple(_plain(v) for v in key), {"rates": [], "statuses": [], "groups": []}
+        )
         cell["statuses"].append(status)
         if status == "ok" and math.isfinite(rate) and rate > 0:
             cell["rates"].append(float(rate))
+            cell["groups"].append(group)
     return cells
+
+
+def _known(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose cell is known, with their platform (a run without platforms: one
+    unnamed)."""
+    known = runs[runs["env"].notna()]
+    return known.assign(platform=platform_column(known))
+
+
+# --- the machine -----------------------------------------------------------------------------
+
+
+def probe_speeds(
+    runs: pd.DataFrame, keep_perturbed: bool = False
+) -> dict[tuple[Any, ...], list[float]]:
+    """Per probe group, the machine's speed (1 / probe_s) of each ok trial a cell counts
+    (the perturbed left out unless ``keep_perturbed``); trials without probes in no group."""
+    known = _known(runs)
+    counted = counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
+    speeds: dict[tuple[Any, ...], list[float]] = {}
+    for row, use in zip(known.to_dict("records"), counted, strict=True):
+        seconds = probe_s(row) if use and row.get("status") == "ok" else math.nan
+        if math.isfinite(seconds) and seconds > 0:
+            speeds.setdefault(probe_group(row), []).append(1.0 / seconds)
+    return speeds
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One probe group's machine in both runs: each run's median probe (seconds) and trials,
+    and the ratio new / old of its speed (None where a side did not probe)."""
+
+    group: tuple[Any, ...]
+    old_probe_s: float
+    old_trials: int
+    new_probe_s: float
+    new_trials: int
+    ratio: ranks.Ratio | None
+
+    def changed(self) -> bool:
+        """The probe's change is significant and beyond :data:`MACHINE_CHANGE`."""
+        ratio = self.ratio
+        return (
+            ratio is not None and ratio.significant and abs(ratio.estimate - 1.0) > MACHINE_CHANGE
+        )
+
+    def bounds(self) -> tuple[float, float, float]:
+        """(m, m_low, m_high): the machine's ratio and interval; where it has no interval,
+        the estimate for both ends; where it was not probed on both sides, 1, 1, 1."""
+        if self.ratio is None or math.isnan(self.ratio.estimate):
+            return 1.0, 1.0, 1.0
+        m = self.ratio.estimate
+        low, high = self.ratio.low, self.ratio.high
+        return (m, m, m) if math.isnan(low) else (m, low, high)
+
+
+def machine_changes(
+    old: pd.DataFrame, new: pd.DataFrame, keep_perturbed: bool = False
+) -> dict[tuple[Any, ...], Machine]:
+    """Per probe group of either run, its :class:`Machine`."""
+    old_speeds, new_speeds = probe_speeds(old, keep_perturbed), probe_speeds(new, keep_perturbed)
+    machines = {}
+    for group in sorted(old_speeds.keys() | new_speeds.keys(), key=_group_key):
+        before, after = old_speeds.get(group, []), new_speeds.get(group, [])
+        ratio = ranks.speedup(before, after, CONFIDENCE, ALPHA) if before and after else None
+        machines[group] = Machine(
+            group,
+            1.0 / statistics.median(before) if before else math.nan,
+            len(before),
+            1.0 / statistics.median(after) if after else math.nan,
+            len(after),
+            ratio,
+        )
+    return machines
+
+
+def _group_key(group: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple("" if v is None else str(v) for v in group)
+
+
+def _machine_of(
+    old: Mapping[str, Any], new: Mapping[str, Any], machines: Mapping[tuple[Any, ...], Machine]
+) -> Machine | None:
+    """The machine a cell ran on in both runs: its probe group where it is one and the same
+    on both sides and both probed; None otherwise."""
+    groups = set(old.get("groups", [])) | set(new.get("groups", []))
+    if len(groups) != 1:
+        return None
+    machine = machines.get(groups.pop())
+    return machine if machine is not None and machine.ratio is not None else None
+
+
+def group_label(group: tuple[Any, ...]) -> str:
+    """E.g. ``"cpu, 1 thread"``, ``"cuda (a100)"``."""
+    platform, kind, threads, _ = group
+    if not kind:
+        return "no probe"
+    label = kind + (f", {threads} thread{'s' if threads != 1 else ''}" if kind == "cpu" else "")
+    return label + (f" ({platform})" if platform else "")
+
+
+def machine_lines(machines: Mapping[tuple[Any, ...], Machine]) -> list[str]:
+    """What the machine did, to print before the cells: per probe group each run's median
+    probe and the ratio of its speed, the changed groups first, each saying what it means for
+    the cells."""
+    probed = {g: m for g, m in machines.items() if g[1]}
+    unprobed = [side for side, n in (("old", "old_trials"), ("new", "new_trials"))
+                if not any(getattr(m, n) for m in probed.values())]  # fmt: skip
+    lines = []
+    for machine in sorted(probed.values(), key=lambda m: not m.changed()):
+        lines.append(_machine_line(machine))
+    if unprobed:
+        lines.append(
+            f"no machine-speed probe in {' and '.join(unprobed)} (records from before probes): "
+            "a change of the machine cannot be told from a change of the code"
+        )
+    return lines
+
+
+def _machine_line(machine: Machine) -> str:
+    def probe(seconds: float, trials: int) -> str:
+        return "—" if math.isnan(seconds) else f"{seconds * 1e3:.1f} ms (n={trials})"
+
+    old = probe(machine.old_probe_s, machine.old_trials)
+    new = probe(machine.new_probe_s, machine.new_trials)
+    head = f"machine ({group_label(machine.group)}): probe {old} in old, {new} in new"
+    ratio = machine.ratio
+    if ratio is None:
+        return head + ": not probed on both sides, its cells judged without it"
+    speed = _ratio(ratio.estimate, ratio.low, ratio.high, ratio.achieved_confidence)
+    if machine.changed():
+        return (
+            f"MACHINE CHANGED between the runs: {head}; it ran x{speed} as fast in new. No cell "
+            "of it is called faster or slower unless its change exceeds the machine's (ratio / "
+            "machine beyond the threshold, interval outside the machine's)"
+        )
+    return f"{head}; speed x{speed}: unchanged (within {MACHINE_CHANGE:.0%} or not significant)"
 
 
 def _plain(value: Any) -> Any:
@@ -157,6 +334,7 @@ def _compared(
     old: Mapping[str, Any] | None,
     new: Mapping[str, Any] | None,
     threshold: float,
+    machines: Mapping[tuple[Any, ...], Machine] | None = None,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {
         **dict(zip(CELL_KEYS, key, strict=True)),
@@ -168,13 +346,30 @@ def _compared(
         "ratio_confidence": math.nan,
         "p_value": math.nan,
         "significant": False,
+        "machine_ratio": math.nan,
+        "machine_low": math.nan,
+        "machine_high": math.nan,
+        "machine_confidence": math.nan,
+        "corrected_ratio": math.nan,
     }
     absent = _why_not_comparable(old, new)
     if absent:
         return {**row, "mark": NOT_COMPARABLE, "change": absent}
+    assert old is not None and new is not None
     ratio = ranks.speedup(old["rates"], new["rates"], CONFIDENCE, ALPHA)
     row.update(ratio.columns("ratio"))
-    mark, change = _judged(ratio, threshold)
+    machine = _machine_of(old, new, machines or {})
+    if machine is not None and machine.ratio is not None:
+        row.update(
+            {
+                "machine_ratio": machine.ratio.estimate,
+                "machine_low": machine.ratio.low,
+                "machine_high": machine.ratio.high,
+                "machine_confidence": machine.ratio.achieved_confidence,
+                "corrected_ratio": ratio.estimate / machine.ratio.estimate,
+            }
+        )
+    mark, change = _judged(ratio, threshold, machine)
     return {**row, "mark": mark, "change": change}
 
 
@@ -194,7 +389,10 @@ def _why_not_comparable(old: Mapping[str, Any] | None, new: Mapping[str, Any] | 
     return "; ".join(reasons)
 
 
-def _judged(ratio: ranks.Ratio, threshold: float) -> tuple[str, str]:
+def _judged(
+    ratio: ranks.Ratio, threshold: float, machine: Machine | None = None
+) -> tuple[str, str]:
+    """The mark and its words by the rule of the module docstring."""
     if math.isnan(ratio.low):
         return SAME, "too few ok trials for a test (2 per side needed)"
     if not ratio.significant:
@@ -205,10 +403,17 @@ def _judged(ratio: ranks.Ratio, threshold: float) -> tuple[str, str]:
                 f"{ratio.n_candidate}: p >= {floor:.2g} whatever they measure)"
             )
         return SAME, "no significant change"
-    if ratio.estimate > 1.0 + threshold:
-        return FASTER, "faster"
-    if ratio.estimate < 1.0 - threshold:
+    m, m_low, m_high = machine.bounds() if machine is not None else (1.0, 1.0, 1.0)
+    corrected = ratio.estimate / m
+    if corrected < 1.0 - threshold and ratio.high < m_low:
         return SLOWER, "slower"
+    if corrected > 1.0 + threshold and ratio.low > m_high:
+        return FASTER, "faster"
+    if abs(ratio.estimate - 1.0) > threshold:
+        return SAME, (
+            f"x{ratio.estimate:.2f}, as the machine's own change explains (its probe x{m:.2f} "
+            f"[{m_low:.2f}–{m_high:.2f}]; ratio / machine x{corrected:.2f})"
+        )
     return SAME, f"significant, but within the {threshold:.0%} threshold"
 
 
@@ -304,6 +509,7 @@ DISPLAY_HEADERS = [
     "new samples/s",
     "ratio [interval, 95% unless stated]",
     "p",
+    "/ machine",
     "cell",
     "change",
 ]
@@ -318,6 +524,7 @@ def display_rows(compared: pd.DataFrame) -> list[list[str]]:
             _rate(row["new_samples_per_s"], row["new_trials"]),
             _ratio(row["ratio"], row["ratio_low"], row["ratio_high"], row["ratio_confidence"]),
             "" if math.isnan(row["p_value"]) else f"{row['p_value']:.3g}",
+            "" if math.isnan(row["corrected_ratio"]) else f"{row['corrected_ratio']:.2f}",
             cell_label(row),
             row["change"],
         ]
@@ -328,7 +535,8 @@ def display_rows(compared: pd.DataFrame) -> list[list[str]]:
 def cell_label(row: Mapping[str, Any]) -> str:
     place = {key: row[key] for key in ("env", "model", "variant", "mode")}
     platform = platform_directory(row.get("platform") or "")
-    size = size_label({k: _integer(row[k]) for k in SIZE_KEYS})
+    used = [key for key in SIZE_KEYS if key not in unused_sizes(row["model"])]
+    size = size_label({k: _integer(row[k]) for k in SIZE_KEYS}, used)
     return PLACE_PATTERN.format(**place, platform=platform, size=size)
 
 

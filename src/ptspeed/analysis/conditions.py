@@ -15,7 +15,14 @@ so a changed threshold re-judges old records without rerunning. A trial is pertu
   clock over the samples taken in the window, was below ``min_clock_fraction`` of its maximum;
 * a GPU throttle reason of ``throttle_reasons`` was active; or
 * more than ``max_other_gpu_processes`` processes that are not the cell's used its GPU;
-* GradScaler skipped optimizer steps inside the window (fp16 overflow: steps without update).
+* GradScaler skipped optimizer steps inside the window (fp16 overflow: steps without update);
+* the hypervisor took more than ``max_steal_share`` of its CPUs' time over the window (steal:
+  ``steal_cpu_s / (window_s x affinity_cpus)``; windows under ``min_window_s`` not judged so);
+* its machine-speed probe (:mod:`ptspeed.cell.probe`, just outside the window: :func:`probe_s`)
+  was more than ``max_probe_deviation`` slower or faster than the run's median trial's
+  (``median / probe_s - 1``, the node's speed against the run's other trials), among the run's
+  trials whose probe did the same work (:func:`probe_group`: platform, device, CPU threads,
+  probe work), where at least :data:`MIN_PROBED_TRIALS` of them probed.
 
 :func:`judge_runs` adds ``perturbed`` (true, false, or blank where nothing could be judged: a
 trial that is not ok or recorded no conditions) and ``perturbed_reason`` to the runs frame.
@@ -43,10 +50,22 @@ CONDITION_COLUMNS = [
 CONDITION_TEXT_COLUMNS = [
     f.name for f in dataclasses.fields(Conditions) if f.type in ("str", "Optional[str]")
 ]
-CONDITION_INT_COLUMNS = ["affinity_cpus", "node_cpus", "gpu_samples", "gpu_other_processes"]
+CONDITION_INT_COLUMNS = [
+    "affinity_cpus",
+    "node_cpus",
+    "gpu_samples",
+    "gpu_other_processes",
+    "probe_threads",
+]
 JUDGEMENT_COLUMNS = ["perturbed", "perturbed_reason"]
 # A run where more than this share of the judged trials was perturbed says so at the top.
 MOSTLY = 0.5
+# Fewer probed trials in a group give no median to judge a trial's probe against.
+MIN_PROBED_TRIALS = 3
+PROBE_COLUMNS = {
+    "cpu": ("probe_cpu_gemm_s", "probe_cpu_memory_s"),
+    "cuda": ("probe_gpu_gemm_s",),
+}
 
 
 def settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -64,6 +83,7 @@ def judge_runs(runs: pd.DataFrame, config: Mapping[str, Any] | None = None) -> p
     runs = runs.copy()
     rows = runs.to_dict("records")
     thresholds["_typical_cpu_left"] = _typical_cpu_left(rows, thresholds["min_window_s"])
+    thresholds["_typical_probe_s"] = typical_probe_s(rows)
     verdicts = [_judge(row, thresholds) if row["status"] == "ok" else (pd.NA, "") for row in rows]
     runs["perturbed"] = pd.array([v[0] for v in verdicts], dtype="boolean")
     runs["perturbed_reason"] = [v[1] for v in verdicts]
@@ -165,6 +185,94 @@ def _gpu_neighbours(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> st
     return f"{int(others)} other process(es) on its GPU"
 
 
+def steal_share(row: Mapping[str, Any]) -> float:
+    """The share of the trial's CPUs' time the hypervisor gave other guests over its window
+    (NaN: unknown)."""
+    steal, window, cpus = row.get("steal_cpu_s"), row.get("window_s"), row.get("affinity_cpus")
+    if any(_blank(v) for v in (steal, window, cpus)) or not window or not cpus:
+        return math.nan
+    return max(0.0, float(steal)) / (float(window) * float(cpus))
+
+
+def _stolen(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    window, limit = row.get("window_s"), thresholds["max_steal_share"]
+    if _blank(window) or float(window) < thresholds["min_window_s"]:
+        return ""
+    share = steal_share(row)
+    if math.isnan(share) or share <= limit:
+        return ""
+    return f"the hypervisor took {share:.1%} of its CPUs (steal, > {limit:.1%})"
+
+
+def probe_kind(row: Mapping[str, Any]) -> str:
+    """'cuda' where the trial probed a GPU, 'cpu' where only the CPU, '' where it did not
+    probe."""
+    for kind in ("cuda", "cpu"):
+        if not _blank(row.get(f"{PROBE_COLUMNS[kind][0]}_before")):
+            return kind
+    return ""
+
+
+def probe_s(row: Mapping[str, Any]) -> float:
+    """The trial's machine-speed probe in seconds (lower: a faster machine), the mean of its
+    two ends: the GPU's GEMM on CUDA, the CPU's GEMM and memory pass together on the CPU; NaN
+    where it did not probe."""
+    kind = probe_kind(row)
+    if not kind:
+        return math.nan
+    ends = []
+    for end in ("before", "after"):
+        values = [row.get(f"{column}_{end}") for column in PROBE_COLUMNS[kind]]
+        if any(_blank(v) for v in values):
+            return math.nan
+        ends.append(sum(float(v) for v in values))
+    return float(np.mean(ends)) if min(ends) > 0 else math.nan
+
+
+def probe_group(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a probe is compared within: platform, device kind, the CPU probe's threads (a
+    GPU's probe does not depend on them) and the probe's work."""
+    kind = probe_kind(row)
+    threads = row.get("probe_threads") if kind == "cpu" else None
+    platform = row.get("platform")
+    return (
+        "" if _blank(platform) else str(platform),
+        kind,
+        None if _blank(threads) else int(threads),
+        str(row.get("probe_work") or ""),
+    )
+
+
+def typical_probe_s(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], float]:
+    """The median probe of the run's ok trials per :func:`probe_group`, where at least
+    :data:`MIN_PROBED_TRIALS` probed."""
+    groups: dict[tuple[Any, ...], list[float]] = {}
+    for row in rows:
+        seconds = probe_s(row) if row.get("status") == "ok" else math.nan
+        if not math.isnan(seconds):
+            groups.setdefault(probe_group(row), []).append(seconds)
+    return {
+        group: float(np.median(values))
+        for group, values in groups.items()
+        if len(values) >= MIN_PROBED_TRIALS
+    }
+
+
+def _probe_off(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
+    seconds = probe_s(row)
+    typical = thresholds.get("_typical_probe_s", {}).get(probe_group(row))
+    if math.isnan(seconds) or typical is None:
+        return ""
+    speed, limit = typical / seconds, thresholds["max_probe_deviation"]
+    if abs(speed - 1.0) <= limit:
+        return ""
+    how = f"{1.0 - speed:.0%} slower" if speed < 1.0 else f"{speed - 1.0:.0%} faster"
+    return (
+        f"the node ran {how} than in the run's other trials (machine-speed probe "
+        f"{seconds * 1e3:.0f} ms against their median {typical * 1e3:.0f} ms, > {limit:.0%} off)"
+    )
+
+
 def _blank(value: Any) -> bool:
     return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
@@ -200,9 +308,11 @@ def _reason_kind(reason: str) -> str:
         "CPU clock",
         "GPU SM clock",
         "GPU throttled",
+        "the hypervisor took",
+        "the node ran",
     ):
         if reason.startswith(kind):
-            return "other processes" if kind.startswith("other") else kind
+            return _KINDS.get(kind, kind)
     return "other processes on its GPU" if "on its GPU" in reason else reason
 
 
@@ -230,4 +340,12 @@ RULES = (
     _throttled,
     _gpu_neighbours,
     _scaler_skipped,
+    _stolen,
+    _probe_off,
 )
+_KINDS = {
+    "other processes took": "other processes",
+    "other processes left": "other processes",
+    "the hypervisor took": "steal",
+    "the node ran": "machine-speed probe",
+}

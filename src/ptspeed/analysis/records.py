@@ -5,7 +5,8 @@ or, instead of an exception, a ``missing`` row for a path with no file, an ``unr
 a file that is not a record (:class:`RecordError`), and a ``stale`` one for a record of another
 cell than the config asks for at its path, each on the cell its path names
 (:func:`ptspeed.plan.layout.cell_from_path`); and the per-step rows of a record
-(:func:`step_rows`). Reads files; no torch.
+(:func:`step_rows`). Every row leaves blank the sizes its model does not use
+(:func:`without_unused_sizes`). Reads files; no torch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ptspeed.analysis import breakdown
 from ptspeed.analysis.columns import (
     CELL_COLUMNS,
     CELL_FIELDS,
@@ -28,6 +30,7 @@ from ptspeed.analysis.columns import (
     PACKAGE_COLUMNS,
     PROVENANCE_COLUMNS,
     UNREADABLE,
+    unused_sizes,
 )
 from ptspeed.analysis.conditions import CONDITION_COLUMNS
 from ptspeed.analysis.late_numerics import GATE_LOSS_BOUND, recorded_late_check
@@ -52,7 +55,20 @@ def read_row(
     path: Path, config: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], list[Any]]:
     """The runs row of one listed path and its step times: a stand-in row (``missing``,
-    ``unreadable``, ``stale``, with the reason) and no steps where it holds no usable record."""
+    ``unreadable``, ``stale``, with the reason) and no steps where it holds no usable record.
+    The sizes its model does not use are blank (:func:`without_unused_sizes`)."""
+    row, step_times = _read_row(path, config)
+    return without_unused_sizes(row), step_times
+
+
+def without_unused_sizes(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with the sizes its model does not use (:func:`unused_sizes`) set to None: a
+    record's cell holds every size, CellSpec's defaults where the model takes none (bert-base
+    an image size of 224), and a path's cell the same."""
+    return {**row, **dict.fromkeys(unused_sizes(row.get("model")))}
+
+
+def _read_row(path: Path, config: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[Any]]:
     try:
         data = _parse_record(path)
     except FileNotFoundError:
@@ -163,6 +179,7 @@ def flatten_data(data: Mapping[str, Any]) -> dict[str, Any]:
         "started_at": data.get("started_at", ""),
         "duration_s": data.get("duration_s"),
         **{key: conditions.get(key) for key in CONDITION_COLUMNS},
+        **breakdown.run_columns(data.get("profile")),
     }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis import energy, ranks, stats
+from ptspeed.analysis import breakdown, energy, ranks, stats
 from ptspeed.analysis.claims import NOT_MEASURED, published_figures, verdict
 from ptspeed.analysis.columns import (
     ALPHA,
@@ -141,9 +141,9 @@ def _side_index(runs: pd.DataFrame, config: Mapping[str, Any]) -> dict[tuple[Any
     for row, is_counted, is_perturbed in rows:
         platform, env, variant, model, mode, *sizes = row[:8]
         rate, knobs, device_name, device_index, precision, joules = row[8:]
-        if any(pd.isna(v) for v in sizes) or not (rate > 0 and math.isfinite(rate)):
+        if pd.isna(sizes[0]) or not (rate > 0 and math.isfinite(rate)):
             continue
-        key = (platform, env, variant, model, mode, *map(int, sizes))
+        key = (platform, env, variant, model, mode, *_size_key(sizes))
         side = index.setdefault(key, _Side())
         side.perturbed += int(not pd.isna(is_perturbed) and bool(is_perturbed))
         if not is_counted:
@@ -185,7 +185,7 @@ def _speedup_row(
         **_comparison_fields(name, comparison, claims, model),
         "platform": platform,
         "mode": mode,
-        **dict(zip(SIZE_KEYS, size or (pd.NA,) * len(SIZE_KEYS), strict=True)),
+        **_size_columns(size),
         **_side("baseline", base),
         **_side("candidate", cand),
     }
@@ -195,6 +195,9 @@ def _speedup_row(
     row.update(_interval(*sides, row["speedup"]))
     row.update(_measured_on(*sides))
     row["verdict"], row["verdict_reason"] = verdict(row, claims, config.get("device", ""))
+    row[breakdown.SENTENCE] = breakdown.explain(
+        breakdown.side(row, "baseline_"), breakdown.side(row, "candidate_")
+    )
     left_out = [
         reason
         for spec in (base_spec, cand_spec)
@@ -259,7 +262,7 @@ def _trial_sides(
     base_spec: Mapping[str, Any],
     cand_spec: Mapping[str, Any],
     place: tuple[str, str, str],
-    size: tuple[int, ...] | None,
+    size: tuple[int | None, ...] | None,
 ) -> tuple[_Side | None, _Side | None]:
     if index.sides is None or size is None:
         return None, None
@@ -299,12 +302,23 @@ def _measured_on(base: _Side | None, cand: _Side | None) -> dict[str, str]:
     }
 
 
-def _size_of(row: Mapping[str, Any]) -> tuple[int, ...] | None:
+def _size_key(values: Sequence[Any]) -> tuple[int | None, ...]:
+    """Sizes as a key: None for a blank one (a size the model does not use)."""
+    return tuple(None if pd.isna(v) else int(v) for v in values)
+
+
+def _size_of(row: Mapping[str, Any]) -> tuple[int | None, ...] | None:
+    """A summary row's sizes (None without a batch size)."""
     values = [row[key] for key in SIZE_KEYS]
-    return None if any(pd.isna(v) for v in values) else tuple(int(v) for v in values)
+    return None if pd.isna(values[0]) else _size_key(values)
 
 
-def _sizes_of(rows: Sequence[Mapping[str, Any]]) -> set[tuple[int, ...]]:
+def _size_columns(size: tuple[int | None, ...] | None) -> dict[str, Any]:
+    values = size or (None,) * len(SIZE_KEYS)
+    return {key: pd.NA if v is None else v for key, v in zip(SIZE_KEYS, values, strict=True)}
+
+
+def _sizes_of(rows: Sequence[Mapping[str, Any]]) -> set[tuple[int | None, ...]]:
     sizes = (_size_of(row) for row in rows)
     return {size for size in sizes if size is not None}
 
@@ -313,19 +327,25 @@ def _chosen_size(
     base: Sequence[Mapping[str, Any]],
     cand: Sequence[Mapping[str, Any]],
     configured: Mapping[str, Any],
-) -> tuple[int, ...] | None:
+) -> tuple[int | None, ...] | None:
+    """The configured size both sides have (a size the model does not use, blank, matches
+    any), else the largest they share, else the largest either has."""
     options = (_sizes_of(base) & _sizes_of(cand)) or (_sizes_of(base) | _sizes_of(cand))
     wanted = [
         size
         for size in options
-        if all(size[i] == configured[k] for i, k in enumerate(SIZE_KEYS) if k in configured)
+        if all(size[i] in (None, configured[k]) for i, k in enumerate(SIZE_KEYS) if k in configured)
     ]
     candidates = wanted if configured and wanted else options
-    return max(candidates) if candidates else None
+    return max(candidates, key=_size_order) if candidates else None
+
+
+def _size_order(size: tuple[int | None, ...]) -> tuple[int, ...]:
+    return tuple(-1 if v is None else v for v in size)
 
 
 def _at_size(
-    rows: Sequence[Mapping[str, Any]], size: tuple[int, ...] | None
+    rows: Sequence[Mapping[str, Any]], size: tuple[int | None, ...] | None
 ) -> Mapping[str, Any] | None:
     matches = [row for row in rows if size and _size_of(row) == size]
     return matches[0] if matches else None
@@ -344,6 +364,7 @@ def _side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
         else 0,
         f"{prefix}_reruns": int(row.get("reruns") or 0) if row is not None else 0,
         **_compiler_side(prefix, row),
+        **breakdown.side_columns(prefix, row),
     }
 
 

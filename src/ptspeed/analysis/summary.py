@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ptspeed.analysis import energy, stats
+from ptspeed.analysis import breakdown, energy, stats
 from ptspeed.analysis.columns import (
     ALL_STATUSES,
     CELL_KEYS,
@@ -90,6 +90,7 @@ _SUMMARY_INPUTS = [
     "energy_not_measured",
     *COMPILER_COUNTS,
     COMPILER_REASONS,
+    *breakdown.SUMMARY_INPUTS,
 ]
 COMPILER_CACHES = ("cold", "warm")
 # Graph-break reasons a summary row keeps (a record keeps ptspeed.cell.compiler.REASONS_KEPT).
@@ -174,6 +175,7 @@ def _cell_stats(trials: Mapping[str, np.ndarray]) -> dict[str, Any]:
         ),
         **perturbed_counts(trials["perturbed"][ok], trials["perturbed_reason"][ok]),
         "reruns": rerun_count(trials["attempt"]),
+        **breakdown.summarise(trials, ok),
     }
 
 

@@ -29,6 +29,8 @@ FAULTS = (
     "rank-crash",
     "rank-slow-sampling",
     "neighbour",
+    "slow-machine",
+    "slow-step",
     *FAKED_GPU_FAULTS,  # sm-90: the cell's GPU reports compute capability 9.0
 )
 # The last rank of a ddp/fsdp cell raises, dies, or samples the node slowly.

@@ -17,7 +17,11 @@ step skipped), ``late`` (a wrong output only after the checked steps, for the ag
 of the last loss), ``oom-once``: out of memory in the first attempt only, so that a retry at
 half the batch size (``--oom-retry``) succeeds, ``neighbour``: a noisy neighbour, processes
 spinning on every CPU of the node through the measured window (:func:`noisy_neighbours`), so
-that the trial is really perturbed, and ``rank-slow-sampling``: the last rank of a ddp/fsdp
+that the trial is really perturbed, ``slow-machine``: one process spinning per CPU of the node
+through both machine-speed probes and the window (a machine slower by a steady load, as another
+guest on the host makes it: give it to every cell of a run), ``slow-step``: every measured step
+sleeps :data:`SLOW_STEP_FRACTION` of its own time after it (a regression of a fixed size in the
+code), and ``rank-slow-sampling``: the last rank of a ddp/fsdp
 cell takes a second longer to sample the node before its window (as ``nvidia-smi`` can), which
 must not reach any rank's clock. ``sm-XY`` (``sm-90``, ``sm-80``, … one per capability of
 :data:`ptspeed.cell.gpu_code.KNOWN_GPUS`): the cell's GPU reports compute capability X.Y (a
@@ -33,8 +37,9 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
 
 from ptspeed.cell.checks import FAULTS
 from ptspeed.cell.record import CellSpec
@@ -43,6 +48,9 @@ from ptspeed.errors import BadInput
 FAULTS_VARIABLE = "PTSPEED_FAULTS"
 OOM_ONCE = "oom-once"
 NEIGHBOUR = "neighbour"
+SLOW_MACHINE = "slow-machine"
+SLOW_STEP = "slow-step"
+SLOW_STEP_FRACTION = 0.1
 SLOW_SAMPLING = "slow-sampling"  # what rank-slow-sampling gives the last rank
 SLOW_SAMPLING_S = 1.0
 # Spinning processes per CPU of a noisy neighbour: enough to take most of each CPU from a cell.
@@ -105,3 +113,28 @@ def noisy_neighbours(processes: int = 0) -> Iterator[None]:
             spinner.kill()
         for spinner in spinners:
             spinner.wait()
+
+
+def window_load(fault: str) -> AbstractContextManager[None]:
+    """The load the ``neighbour`` and ``slow-machine`` faults run through the probes and the
+    measured window; nothing for any other fault."""
+    if fault == NEIGHBOUR:
+        return noisy_neighbours()
+    if fault == SLOW_MACHINE:
+        return noisy_neighbours(os.cpu_count() or 1)
+    return nullcontext()
+
+
+def slowed_steps(step: Callable[[], Any], fault: str) -> Callable[[], Any]:
+    """``step`` itself, or under the ``slow-step`` fault a step that sleeps
+    :data:`SLOW_STEP_FRACTION` of its own time after it (synchronous devices: the CPU)."""
+    if fault != SLOW_STEP:
+        return step
+
+    def slowed() -> Any:
+        begun = time.perf_counter()
+        output = step()
+        time.sleep(SLOW_STEP_FRACTION * (time.perf_counter() - begun))
+        return output
+
+    return slowed

@@ -13,7 +13,6 @@ status, never a crash.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell import compiler, conditions, numerics
+from ptspeed.cell import compiler, conditions, numerics, probe, profiling
 from ptspeed.cell.device import (
     apply_backend_settings,
     peak_memory,
@@ -34,12 +33,12 @@ from ptspeed.cell.device import (
     torch_version,
     use_compiler_cache,
 )
-from ptspeed.cell.faults import NEIGHBOUR, SLOW_SAMPLING, SLOW_SAMPLING_S, noisy_neighbours
+from ptspeed.cell.faults import SLOW_SAMPLING, SLOW_SAMPLING_S, slowed_steps, window_load
 from ptspeed.cell.gpu_code import device_reason
 from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_for_model
 from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
-from ptspeed.cell.record import CellSpec, Conditions, Metrics, Record, utc_now
+from ptspeed.cell.record import CellSpec, Conditions, Metrics, Profile, Record, utc_now
 from ptspeed.cell.reference import (
     CheckCapture,
     Snapshot,
@@ -74,6 +73,7 @@ class VariantRun:
     check_from: int
     conditions: Conditions
     runs_cudnn: bool = False  # what the precision label depends on (cell_precision)
+    profile: Profile | None = None
 
 
 class SingleProcess:
@@ -190,6 +190,7 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     record.metrics = run.metrics
     record.metrics.compiler_cache = cache
     record.conditions = run.conditions
+    record.profile = run.profile
     if knobs.compile_mode is not None:
         record.metrics = dataclasses.replace(record.metrics, **compiler.collect())
     del model
@@ -250,13 +251,18 @@ def _measure_variant(
             return run_step(next(indices))
         return step(next_batch())  # nothing else on the timed path of a real cell
 
+    measured_step = slowed_steps(measured_step, fault)  # itself but for the slow-step fault
     # Only train mode's late check reads a kept output: an infer cell keeps none, whose copy
     # (a whole output, inside the window) would count in its peak memory.
     late_position = plan.late_index - warmup.steps_run if spec.mode == "train" else -1
-    with noisy_neighbours() if fault == NEIGHBOUR else contextlib.nullcontext():
+    with window_load(fault):
         if fault == SLOW_SAMPLING:
             time.sleep(SLOW_SAMPLING_S)
         scale_before = loss_scale(step)  # reads the device: before the window
+        # The machine's speed just outside the window, its buffers kept out of the peak memory.
+        warmup_peak = peak_memory(device)
+        probe_before = probe.measure(device) if placement.reports else None
+        reset_peak_memory(device)
         window = conditions.begin(device)  # samples outside the timed loop, at both ends
         # Every rank has sampled (a /proc scan, nvidia-smi: up to a second, unequal): the
         # clocks start together, or the early ranks' first step would wait out the others.
@@ -267,7 +273,10 @@ def _measure_variant(
         )
         window_conditions = window.end()
         scale_after = loss_scale(step)
-    memory_bytes, memory_kind = peak_memory(device)
+        window_peak = peak_memory(device)
+        probe_after = probe.measure(device) if placement.reports else None
+    probe.note(window_conditions, probe_before, probe_after)
+    memory_bytes, memory_kind = probe.larger_peak(warmup_peak, window_peak)
     # Read before the post-window step, which a CUDA graph's replay writes over the outputs.
     losses = (
         _losses(warmup, last_output, late_output, plan.late_index) if spec.mode == "train" else {}
@@ -277,6 +286,11 @@ def _measure_variant(
         # One more step, after the measured window, checked from its own snapshot: a variant
         # that went wrong during the measurement (a recompilation mid-run) is caught here.
         checks = [*checks, *_checked_step(capture, run_step, next(indices))]
+    # Last of all: a few steps under the profiler, after everything that reads the window.
+    profile = profiling.profile_steps(
+        spec, lambda: step(next_batch()), step.optimizer, device, placement.reports
+    )
+    placement.barrier()
     metrics = Metrics(
         throughput_samples_per_s=timing.throughput(spec.batch_size),
         measured_wall_s=timing.wall_s,
@@ -298,7 +312,9 @@ def _measure_variant(
         placement.combine(metrics), **losses, **_scaler_skips(scale_before, scale_after)
     )
     window_conditions = placement.combine_telemetry(window_conditions)
-    return VariantRun(metrics, checks, plan.check_from, window_conditions, runs_cudnn(model))
+    return VariantRun(
+        metrics, checks, plan.check_from, window_conditions, runs_cudnn(model), profile
+    )
 
 
 def _scaler_skips(before: float | None, after: float | None) -> dict[str, Any]:

@@ -82,6 +82,16 @@ class CellSpec:
     compiler_cache_cold: bool = _doc(
         "Empty compiler_cache before the cell, so that it compiles cold.", False
     )
+    profile_steps: int = _doc(
+        "Steps run under torch.profiler after the measured window and everything that reads it "
+        "(see profile); 0: none. The workflow profiles each cell's first trial (config profile).",
+        0,
+    )
+    profile_trace: str = _doc(
+        "Where the profiled steps' trace is kept (gzipped Chrome trace JSON, which Perfetto and "
+        "TensorBoard open); '' keeps none.",
+        "",
+    )
     retried_from_batch_size: Optional[int] = _doc(
         "The configured batch size, when it ran out of memory and this record is of the retry at "
         "half of it (config oom_retry); null when not retried.",
@@ -333,6 +343,36 @@ class Conditions:
         "CPU time the in-window GPU sampling thread took (its cost to the cell).", None
     )
     sampling_s: Optional[float] = _doc("What taking the two samples cost (seconds).", None)
+    probe_cpu_gemm_s_before: Optional[float] = _doc(
+        "The machine-speed probe just before the window (ptspeed.cell.probe): seconds of its "
+        "fixed CPU GEMM work (see probe_work), on probe_threads threads; null: not probed (an "
+        "older record, a rank that does not report).",
+        None,
+    )
+    probe_cpu_gemm_s_after: Optional[float] = _doc("The same just after the window.", None)
+    probe_cpu_memory_s_before: Optional[float] = _doc(
+        "Seconds of the probe's fixed CPU memory pass just before the window.", None
+    )
+    probe_cpu_memory_s_after: Optional[float] = _doc("The same just after the window.", None)
+    probe_gpu_gemm_s_before: Optional[float] = _doc(
+        "Seconds of the probe's fixed GEMM on the cell's GPU just before the window (CUDA "
+        "events); null off CUDA.",
+        None,
+    )
+    probe_gpu_gemm_s_after: Optional[float] = _doc("The same just after the window.", None)
+    probe_gpu_sm_mhz_before: Optional[float] = _doc(
+        "The GPU's SM clock just after the probe's GEMM before the window (NVML).", None
+    )
+    probe_gpu_sm_mhz_after: Optional[float] = _doc("The same after the window.", None)
+    probe_threads: Optional[int] = _doc("torch threads the CPU probe ran on.", None)
+    probe_cost_s: Optional[float] = _doc(
+        "Wall time of both probes (outside the window; what they added to the cell).", None
+    )
+    probe_work: str = _doc(
+        "The probe's fixed work, e.g. 'CPU: 96 x fp32 GEMM 256^2, …': probes are compared only "
+        "where it is the same.",
+        "",
+    )
     not_readable: str = _doc("What could not be read here, '; '-separated.", "")
 
 
@@ -469,6 +509,54 @@ class Provenance:
 
 
 @dataclass
+class Profile:
+    """Where a step's time goes: cell.profile_steps steps run under torch.profiler (CPU and, on
+    CUDA, kernel activity) after the measured window and after everything that reads it, never
+    inside it (see ptspeed.cell.breakdown for the kinds and how they are summed)."""
+
+    profiled: bool = _doc("Whether the steps ran under the profiler and were broken down.", False)
+    reason: str = _doc("Why not, when profiled is false ('' otherwise).", "")
+    steps: int = _doc("Steps profiled.", 0)
+    activities: str = _doc("What the profiler recorded: 'cpu' or 'cpu, cuda'.", "")
+    timeline: str = _doc(
+        "What time_by_kind_s partitions: 'cpu' (the stepping thread's time: each op's self time "
+        "by the op's kind, 'host' the time outside any op) or 'gpu' (the device's time inside "
+        "the step: each kernel and copy by its kind, 'idle' the time no kernel ran).",
+        "",
+    )
+    step_time_s: Optional[float] = _doc(
+        "Mean time of a profiled step (the profiler's own cost included; synchronised on CUDA).",
+        None,
+    )
+    time_by_kind_s: dict[str, float] = _doc(
+        "Seconds per profiled step by kind of work: matmul, attention, elementwise, norm, "
+        "reduction, copy, optimizer, compiled, collective, idle (CUDA), host (CPU), other.",
+        {},
+    )
+    sum_error: Optional[float] = _doc("(sum of time_by_kind_s - step_time_s) / step_time_s.", None)
+    sums: Optional[bool] = _doc("Whether |sum_error| is within tolerance.", None)
+    tolerance: Optional[float] = _doc("The largest |sum_error| accepted.", None)
+    kernels_per_step: Optional[float] = _doc(
+        "CUDA: kernels launched per step; CPU: leaf ops (ops that call no other op) per step, "
+        "'host' ones left out (a compiled region's fused kernels are not recorded one by one).",
+        None,
+    )
+    copies_per_step: Optional[float] = _doc(
+        "Copies per step: CUDA memcpy/memset and copy kernels; CPU copy leaf ops.", None
+    )
+    ops_by_kind: dict[str, float] = _doc(
+        "Per step, by kind: CUDA kernels and copies; CPU leaf ops.", {}
+    )
+    other_threads_s: Optional[float] = _doc(
+        "CPU: seconds per step of top-level ops on threads other than the stepping one (not in "
+        "time_by_kind_s).",
+        None,
+    )
+    trace: str = _doc("The kept trace (cell.profile_trace) or '' when none was kept.", "")
+    notes: str = _doc("What the breakdown noticed, '; '-separated.", "")
+
+
+@dataclass
 class Record:
     """One benchmark cell's outcome. Written once, atomically, for every cell."""
 
@@ -480,6 +568,7 @@ class Record:
     numerics: NumericsCheck = _doc("Comparison with the eager fp32 reference.", None)
     provenance: Provenance = _doc("Software and hardware.", None)
     conditions: Conditions = _doc("What else ran during the measured window.", None)
+    profile: Profile = _doc("Where a step's time goes, from profiled steps after the window.", None)
     started_at: str = _doc("UTC start time, ISO 8601.", "")
     finished_at: str = _doc("UTC end time, ISO 8601.", "")
     duration_s: Optional[float] = _doc("Wall time of the whole cell process.", None)
@@ -492,6 +581,7 @@ class Record:
         self.numerics = self.numerics or NumericsCheck()
         self.provenance = self.provenance or Provenance()
         self.conditions = self.conditions or Conditions()
+        self.profile = self.profile or Profile()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -38,6 +38,9 @@ RECORDS = "records"
 PLACE_PATTERN = "{platform}{env}/{model}/{variant}/{mode}/{size}"
 CELL_PATTERN = f"{PLACE_PATTERN}/trial{{trial}}"
 RECORD_PATTERN = f"{RECORDS}/{CELL_PATTERN}.json"
+# The trace of a cell's profiled steps (its first trial's), gzipped Chrome trace JSON.
+TRACES = "traces"
+TRACE_PATTERN = f"{TRACES}/{PLACE_PATTERN}.json.gz"
 
 
 def _size_regex(named: bool) -> str:
@@ -72,6 +75,11 @@ class Cell:
     def path(self) -> str:
         """The record's path under the results directory."""
         return RECORD_PATTERN.format(**self._wildcards())
+
+    @property
+    def trace(self) -> str:
+        """The trace of the cell's profiled steps under the results directory."""
+        return TRACE_PATTERN.format(**self._wildcards())
 
     def _wildcards(self) -> dict[str, Any]:
         return {**vars(self), "platform": platform_directory(self.platform)}

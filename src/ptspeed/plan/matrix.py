@@ -115,7 +115,18 @@ def cell_spec(
         # trials (which wait for it, rule cell) warm.
         compiler_cache=f"{config['results']}/cache/compiler/{cell.key}" if compiles else "",
         compiler_cache_cold=compiles and cell.trial == 0,
+        # The first trial alone runs a few profiled steps after its window (where the time goes).
+        **profiled_steps(config, cell),
     )
+
+
+def profiled_steps(config: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
+    """The profiling fields of ``cell``'s spec: its first trial profiles ``steps.profiled``
+    steps and keeps the trace at ``<results>/traces/<cell key>.json.gz``; other trials none."""
+    steps = config["steps"].get("profiled", 0) if cell.trial == 0 else 0
+    if not steps:
+        return {}
+    return {"profile_steps": steps, "profile_trace": f"{config['results']}/{cell.trace}"}
 
 
 def variant_compiles(config: Mapping[str, Any], variant: str) -> bool:

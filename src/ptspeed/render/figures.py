@@ -9,8 +9,8 @@ Per-cell figures are one axes each: a bold heading row per model, mode and batch
 row per environment / variant, its point or box coloured the same in every figure. One axes
 rather than a panel per model keeps drawing fast (matplotlib's cost is per axes) and the figure
 narrow enough for a phone; where values span more than a decade the axis is logarithmic, so
-that every model's differences stay visible. Every row's label gives the number of trials it
-came from.
+that every model's differences stay visible, labelled in plain numbers spaced so that no two
+labels meet (:func:`log_axis`). Every row's label gives the number of trials it came from.
 
 seaborn draws the points (``scatterplot``) and the boxes (``boxplot``); matplotlib draws the
 intervals, which are given (seaborn's error bars are intervals it computes from raw values),
@@ -33,6 +33,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from ptspeed.analysis.columns import SIDES
@@ -46,6 +47,12 @@ ROW_IN = 0.24
 PAD_IN = 1.0
 MAX_ROWS = 48
 LOG_SPAN = 10.0
+# A log axis's labels: at 1, 2 and 5 times each power of ten, or 1 and 3, or powers of ten
+# alone, the first whose closest two labels (in decades) lie this far apart on the axes.
+LOG_SUBS = (((1.0, 2.0, 5.0), math.log10(10 / 5)), ((1.0, 3.0), math.log10(10 / 3)), ((1.0,), 1.0))
+LABEL_GAP_IN = 0.55
+DIGIT_IN = 0.08  # about the width of a 9-point digit, in inches
+TICK_PAD_IN = 0.15  # room between two tick labels
 GROUP_KEYS = ["model", "mode", "batch_size", "image_size", "seq_len"]
 CELL_KEYS = [*GROUP_KEYS, "env", "variant"]
 CLAIM_COLOUR = "crimson"
@@ -90,10 +97,13 @@ def forest_plot(speedups: pd.DataFrame) -> Chart | None:
     _row_labels(ax, labels)
     ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.tick_params(axis="x", labelsize=FONT)
+    linear_axis(ax)
+    # Right-aligned: centred under a narrow axes, the two lines ran off the figure's edge.
     ax.set_xlabel(
-        "speedup = median candidate / baseline ratio\n"
-        "(exact interval, 95% where the trials allow; red diamond: published claim)",
+        "speedup = median candidate / baseline ratio, with its exact interval\n"
+        "(95% where the trials allow); red diamond: the published claim",
         fontsize=FONT,
+        loc="right",
     )
     alt = (
         "Forest plot: the speedup of each comparison and model as a point with its exact "
@@ -127,7 +137,9 @@ def _draw_forest(ax: Axes, speedups: pd.DataFrame) -> None:
 
 def _forest_label(row: Mapping[str, Any]) -> str:
     counts = f"n={_count(row['baseline_trials'])}/{_count(row['candidate_trials'])}"
-    return f"{row['comparison']}: {row['model']} ({row['mode']}, {counts})"
+    platform = row.get("platform")
+    on = f" on {platform}" if isinstance(platform, str) and platform else ""
+    return f"{row['comparison']}: {row['model']}{on} ({row['mode']}, {counts})"
 
 
 # --- per-cell values -----------------------------------------------------------------------------
@@ -390,7 +402,43 @@ def _finish_rows(ax: Axes, layout: RowLayout, values: pd.Series, xlabel: str) ->
     ax.tick_params(axis="x", labelsize=FONT)
     positive = values[values > 0]
     if len(positive) and positive.max() / positive.min() > LOG_SPAN:
-        ax.set_xscale("log")
+        log_axis(ax)
+    else:
+        linear_axis(ax)
+
+
+def linear_axis(ax: Axes) -> None:
+    """Linear x ticks no closer than their labels are wide: matplotlib's own count looks at the
+    axes' length, not at the labels, and long ones (123500, 0.01225) meet on a narrow axes."""
+    width_in = ax.get_position().width * ax.figure.get_figwidth()
+    low, high = sorted(ax.get_xlim())
+    formatter = ax.xaxis.get_major_formatter()
+    for bins in range(9, 0, -1):
+        locator = MaxNLocator(nbins=bins, steps=[1, 2, 2.5, 5, 10])
+        ticks = [tick for tick in locator.tick_values(low, high) if low <= tick <= high]
+        formatter.set_locs(ticks)
+        widest = max((len(formatter(tick)) for tick in ticks), default=0)
+        if len(ticks) * (widest * DIGIT_IN + TICK_PAD_IN) <= width_in:
+            break
+    ax.xaxis.set_major_locator(locator)
+
+
+def log_axis(ax: Axes) -> None:
+    """A logarithmic x axis labelled in plain numbers (20, 50, 100) at 1, 2 and 5 times each
+    power of ten where they fit, else fewer (:data:`LOG_SUBS`), else every few powers of ten;
+    other ticks unlabelled. matplotlib's own labels (2×10¹, 3×10¹, … on its minor ticks) print
+    over each other on a narrow axes spanning one or two decades."""
+    ax.set_xscale("log")
+    low, high = ax.get_xlim()
+    decades = max(math.log10(high / low), 1e-9)
+    width_in = ax.get_position().width * ax.figure.get_figwidth()
+    inches_per_decade = width_in / decades
+    subs = next((s for s, gap in LOG_SUBS if gap * inches_per_decade >= LABEL_GAP_IN), (1.0,))
+    most = max(2, int(width_in / LABEL_GAP_IN))  # powers of ten alone: every few if need be
+    ax.xaxis.set_major_locator(LogLocator(base=10.0, subs=subs, numticks=most))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_locator(LogLocator(base=10.0, subs="auto", numticks=most * 10))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _row_labels(ax: Axes, labels: Sequence[str], bold: Sequence[int] = ()) -> None:

@@ -145,10 +145,6 @@ def format_fraction_as_percent(value: Any) -> str:
     return BLANK if is_blank(value) else f"{float(value) * 100:.1f}%"
 
 
-def format_flag(value: Any) -> str:
-    return "yes" if is_true(value) else ""
-
-
 def plural(count: int, noun: str) -> str:
     """``1 rerun``, ``2 reruns``, ``0 reruns``."""
     return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -15,7 +15,7 @@ from ptspeed.analysis.conditions import settings
 from ptspeed.cell.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank, plural
 from ptspeed.render.page import Block, ReportInputs, Section
-from ptspeed.render.tables import Column, Row, Table, given
+from ptspeed.render.tables import COMPILER_HEADER, Column, Row, Table, given
 
 # The first column of the environments and method tables: what each row gives.
 SETTING = Column("", given("name"))
@@ -61,9 +61,8 @@ def environments_section(inputs: ReportInputs) -> Section:
         id="environments",
         title="Environments",
         intro=(
-            "What each environment really was, as its records report it (several values: the "
-            "records disagree). GPU is blank for runs on the CPU. TF32 and cudnn.benchmark, "
-            "where the records state them, are the settings each column ran with."
+            "What each environment was, as its records report it (several values: the records "
+            "disagree; GPU blank on the CPU), with the backend settings they state."
         ),
         blocks=[
             *platform_blocks(inputs.config, recorded),
@@ -95,9 +94,8 @@ def platform_blocks(config: Mapping[str, Any], recorded: pd.DataFrame) -> list[B
         *(Column(f"{p['name']}: {p['gpu_label']}", given(p["name"]), wrap=True) for p in platforms),
     ]
     note = (
-        "A build runs on a GPU where it carries a cubin of the GPU's major version at or below "
-        "its minor version, or PTX at or below its capability (CUDA's rule). Cells that cannot "
-        "run on a platform were not submitted there; a probed platform's cells check on arrival."
+        "Cells a platform's GPU cannot run (rule: Method, GPU code) were not submitted there; a "
+        "probed platform's cells check on arrival."
     )
     return [Block(table=Table.of(columns, rows), heading="What each platform can run", note=note)]
 
@@ -167,6 +165,12 @@ def method_section(inputs: ReportInputs) -> Section:
         ["cell timeout", f"{format_text(config.get('timeout_s'))} s"],
         ["throughput", "batch size × measured steps / their wall time, one value per trial"],
         [
+            "sizes",
+            "a cell's batch size and the sizes its model uses (image side, sequence length); a "
+            "size the model does not use is blank in the tables",
+        ],
+        ["n", "the ok trials a value comes from"],
+        [
             "median interval",
             f"distribution-free order-statistic (binomial) interval of the median, "
             f"{CONFIDENCE:.0%} requested; with 5 trials or fewer it is the range, shown with "
@@ -179,10 +183,27 @@ def method_section(inputs: ReportInputs) -> Section:
         ],
         ["speedup interval", _speedup_interval_method(config)],
         ["significance", _significance_method(config)],
+        ["cv", "standard deviation / mean of a cell's ok throughputs"],
         [
             "noisy",
             f"cv > {stats.NOISE_CV:.0%} or median interval half-width > "
             f"{stats.NOISE_RELATIVE_HALF_WIDTH:.0%} of the median",
+        ],
+        [
+            "compile time",
+            "a cell's median first step beyond the median first step of the same environment's "
+            "eager cell (cold and warm compiler caches apart where the records say which)",
+        ],
+        [
+            COMPILER_HEADER,
+            "graphs torch.compile compiled, its graph breaks and recompilations: medians over "
+            "the ok trials; in the seed table baseline → candidate where both compiled",
+        ],
+        [
+            "energy",
+            "energy of each trial's measured window (the GPU's energy counter through NVML, "
+            "summed over ranks; the CPU packages' RAPL counters on the CPU) over the samples "
+            "it processed: the median over the ok trials with its interval",
         ],
         [
             "verdict",
@@ -201,7 +222,24 @@ def method_section(inputs: ReportInputs) -> Section:
             "take",
         ],
         ["late numerics check", _late_check_method()],
+        [
+            "stale record",
+            "a record of another cell than the configuration asks for (e.g. left by an older "
+            "configuration): listed with the failures, not counted",
+        ],
+        [
+            "retried at half the batch",
+            "a trial that ran out of memory runs again at half the batch size (oom_retry); it "
+            "is summarised at the batch size it ran, and a speedup pairs only cells of one "
+            "batch size",
+        ],
         ["perturbed trials", _perturbed_method(config)],
+        [
+            "GPU code",
+            "a build runs on a GPU where it carries a cubin of the GPU's major version at or "
+            "below its minor version, or PTX at or below its capability (CUDA's rule); a run on "
+            "several platforms submits each cell only where it can run",
+        ],
         ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
     ]
     rows = [{"name": name, "value": value} for name, value in pairs]

@@ -20,12 +20,14 @@ from ptspeed.render.tables import Table
 
 @dataclass(frozen=True)
 class Block:
-    """One table or one chart, with an optional heading and note above it."""
+    """One table or one chart, with an optional heading and a short note above it, and a
+    footnote below it (what the rows hold in more words than a cell has room for)."""
 
     table: Table | None = None
     heading: str = ""
     note: str = ""
     chart: Chart | None = None
+    footnote: str = ""
 
 
 @dataclass(frozen=True)

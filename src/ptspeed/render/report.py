@@ -11,6 +11,7 @@ disagree, and every measured value is shown with the number of ok trials it came
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,9 +85,21 @@ def template_environment(templates_dir: str | Path | None = None) -> jinja2.Envi
         lstrip_blocks=True,
     )
     environment.filters["md"] = markdown_cell
+    environment.filters["units"] = number_units
     return environment
 
 
 def markdown_cell(text: Any) -> str:
     """Text safe inside a Markdown table cell: no pipes or line breaks."""
     return " ".join(str(text).split()).replace("|", "\\|")
+
+
+# Where a number cell may break: before an interval, a trial count or the candidate's side.
+_UNIT_BREAK = re.compile(r" (?=\[|\(n=|→)")
+
+
+def number_units(text: Any) -> list[str]:
+    """A number cell's text as the units the page keeps on one line each: the value, its
+    interval, its count (``×2.01 (+101%)``, ``[no interval]``), so that a narrow column of
+    numbers breaks between them and nowhere else."""
+    return _UNIT_BREAK.split(str(text))

@@ -16,11 +16,11 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis import stats
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
 from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
+from ptspeed.render.breakdown import breakdown_section
 from ptspeed.render.figures import (
     FIRST_STEP,
     PEAK_MEMORY,
@@ -36,10 +36,10 @@ from ptspeed.render.page import Block, ReportInputs, Section, chart_block
 from ptspeed.render.tables import (
     CLAIMS_TABLE,
     COMPILED_SEED_TABLE,
-    COMPILER_HEADER,
     ENERGY_RATIO_TABLE,
     ENERGY_TABLE,
     FAILURES_TABLE,
+    FIRST_STEP_TABLE,
     NOISY_TABLE,
     PERTURBED_TABLE,
     RETRIED_TABLE,
@@ -65,12 +65,9 @@ def seed_section(inputs: ReportInputs) -> Section:
         id="seed-table",
         title="The seed table, measured",
         intro=(
-            "Median throughput over the ok trials of each side (n = ok trials); speedup = the "
-            "median of the candidate / baseline ratios of all trial pairs (Hodges–Lehmann), "
-            "with its exact distribution-free interval: 95% where the trials allow it, else the "
-            "confidence it has, shown beside it (e.g. 90% with 3 trials a side). A verdict "
-            "compares the published speedup with that interval, on the device and precision "
-            "named."
+            "Each comparison's speedup per model on this machine, and whether the published "
+            "figure holds. Throughputs are medians over the ok trials (n); intervals are 95% "
+            "unless the cell states less. How each number is made: Method."
         ),
         blocks=blocks,
     )
@@ -85,8 +82,7 @@ def _comparison_block(
     named = (row.get("platform") for row in records)
     platforms = list(dict.fromkeys(name for name in named if not is_blank(name)))
     if len(platforms) > 1:
-        columns = seed_table_by_platform(platforms, compiled)
-        table = Table.of(columns, rows_by_platform(records))
+        table = Table.of(seed_table_by_platform(compiled), rows_by_platform(records, platforms))
     else:
         table = Table.of(COMPILED_SEED_TABLE if compiled else SEED_TABLE, records)
     sides = (
@@ -94,23 +90,18 @@ def _comparison_block(
         f"candidate {first['candidate_env']}/{first['candidate_variant']}"
     )
     note = _claim_note(sides, first, claims) + _left_out_note(rows, keep_perturbed)
-    if compiled:
-        note += _compiler_note(records)
-    return Block(table=table, heading=format_text(first["title"]), note=note)
+    footnote = _compiler_note(records) if compiled else ""
+    return Block(table=table, heading=format_text(first["title"]), note=note, footnote=footnote)
 
 
 def _compiler_note(records: list[dict[str, Any]]) -> str:
-    """What the compiler column means, and the candidate's first graph-break reasons by model."""
-    reasons = [
+    """The candidate's first graph-break reasons by model (the column itself: Method)."""
+    reasons = dict.fromkeys(
         f"{row['model']}: {row[f'candidate_{COMPILER_REASONS}']}"
         for row in records
         if not is_blank(row[f"candidate_{COMPILER_REASONS}"])
-    ]
-    breaks = f" Candidate's graph breaks: {'. '.join(reasons)}." if reasons else ""
-    return (
-        f" {COMPILER_HEADER}: graphs compiled, graph breaks and recompilations, medians over "
-        f"the ok trials (baseline → candidate where both compiled).{breaks}"
     )
+    return f"Candidate's graph breaks: {'. '.join(reasons)}." if reasons else ""
 
 
 def _most_per_side(rows: pd.DataFrame, column: str) -> dict[str, int]:
@@ -126,12 +117,12 @@ def _left_out_note(rows: pd.DataFrame, keep_perturbed: bool) -> str:
     counts = _most_per_side(rows, "perturbed_trials")
     if not any(counts.values()):
         return ""
-    what = "kept (conditions.keep_perturbed)" if keep_perturbed else "left out of n and the speedup"
+    what = "kept" if keep_perturbed else "left out of n and the speedup"
     shown = ", ".join(f"{side} up to {n}" for side, n in counts.items() if n)
     reruns = _most_per_side(rows, "reruns")
     ran = ", ".join(f"{side} up to {plural(n, 'rerun')}" for side, n in reruns.items() if n)
-    again = f"; the workflow ran them again ({ran} per model)" if ran else ""
-    return f" Perturbed trials ({shown} per model; see Perturbed trials): {what}{again}."
+    again = f", {ran}" if ran else ""
+    return f" Perturbed trials ({shown} per model{again}): {what}."
 
 
 def _claim_note(sides: str, row: Mapping[str, Any], claims: Mapping[str, Any]) -> str:
@@ -163,9 +154,8 @@ def claims_section(inputs: ReportInputs) -> Section:
         id="claims",
         title="Speedups against the published claims",
         intro=(
-            "Every measured speedup with its interval (95%, or the lower confidence too few "
-            "trials give, as the seed table states; n = ok trials of baseline/candidate); a "
-            "published claim holds on this machine when its figure falls inside the interval."
+            "Every measured speedup with its interval (n = ok trials of baseline/candidate); a "
+            "published claim holds on this machine where its figure lies inside the interval."
         ),
         blocks=[forest, Block(table=Table.of(CLAIMS_TABLE, rows), heading="Claims")],
     )
@@ -194,9 +184,8 @@ def versions_section(inputs: ReportInputs) -> Section | None:
         id="versions",
         title=f"PyTorch {versions}",
         intro=(
-            "The same model, variant, mode and size in each torch environment: the median "
-            "throughput over its ok trials (n = ok trials, perturbed ones included, as in Every "
-            "cell), oldest torch first, and beyond a row's oldest version its ratio to it."
+            "The same model, variant, mode and size in each torch environment: its median "
+            "throughput (n = ok trials), oldest torch first, then the ratio to the oldest."
         ),
         blocks=[Block(table=Table.of(version_columns(table), version_rows(table)))],
     )
@@ -211,12 +200,9 @@ def summary_section(inputs: ReportInputs) -> Section:
         id="summary",
         title="Every cell",
         intro=(
-            "One row per environment, model, variant, mode and size. Statistics use the ok "
-            "trials (n): the median with its distribution-free interval (its coverage shown "
-            "where too few trials reach 95%), cv = standard deviation / mean. Compile time: the "
-            "median first step beyond the median first step of the same environment's eager "
-            "cell (cold and warm compiler caches apart where the records say which). "
-            f"{COMPILER_HEADER}: what torch.compile did, medians over the ok trials."
+            "One row per environment, model, variant, mode and size (a size the model does not "
+            "use is blank), over its ok trials (n). First steps, compilation and memory: in Step "
+            "times, memory and compilation."
         ),
         blocks=[throughput, Block(table=table), *energy_blocks(inputs)],
     )
@@ -239,11 +225,7 @@ def energy_blocks(inputs: ReportInputs) -> list[Block]:
     blocks = [
         Block(
             heading="Energy",
-            note=(
-                "Energy of each trial's measured window (the GPU's energy counter through "
-                "NVML, summed over ranks; the CPU packages' RAPL counters on the CPU) over the "
-                "samples it processed: the median over the ok trials with its interval."
-            ),
+            note="Energy per sample of each trial's measured window (how: Method).",
             table=Table.of(ENERGY_TABLE, measured.to_dict("records")),
         )
     ]
@@ -267,11 +249,14 @@ def timing_section(inputs: ReportInputs) -> Section:
         id="timing",
         title="Step times, memory and compilation",
         intro=(
-            "Distributions of the measured step times, and the median peak memory and first "
-            "step (compilation included) over the ok trials of each cell; numbers are in the "
-            "table above."
+            "The measured step times of each cell, and its peak memory and first step "
+            "(compilation included): medians over its ok trials."
         ),
         blocks=[
+            Block(
+                table=Table.of(FIRST_STEP_TABLE, inputs.summary.to_dict("records")),
+                heading="First step, compilation and memory",
+            ),
             step_block,
             chart_block(
                 lambda: cell_dots(inputs.summary, PEAK_MEMORY),
@@ -302,10 +287,9 @@ def drift_section(inputs: ReportInputs) -> Section:
         id="drift",
         title="Trials over the run",
         intro=(
-            "Each ok trial of a comparison at the time its measured window started, relative to "
-            "the median of its model's baseline trials (one line per model and side). Baseline "
-            "and candidate trials alternate, so a machine that drifts over the run moves both; "
-            "perturbed trials are crosses, their reruns come last."
+            "Each ok trial of a comparison when its measured window started, relative to its "
+            "model's baseline median: a drifting machine shows as a slope, a perturbed trial "
+            "(cross) as an outlier."
         ),
         blocks=blocks,
     )
@@ -322,11 +306,7 @@ def failures_section(inputs: ReportInputs) -> Section:
     return Section(
         id="failures",
         title="Failures, unsupported, missing, perturbed and noisy",
-        intro=(
-            f"Records by status: {counts}. Every record whose status is not ok, with its reason "
-            "(stale: a record of another cell than the configuration asks for, e.g. left by an "
-            "older configuration; it is not counted)."
-        ),
+        intro=f"Records by status: {counts}. Every record whose status is not ok, with its reason.",
         blocks=[
             Block(table=failures),
             *_retried_blocks(runs),
@@ -334,11 +314,7 @@ def failures_section(inputs: ReportInputs) -> Section:
             Block(
                 table=noise,
                 heading="Noisy cells",
-                note=(
-                    f"Cells whose trials vary too much to resolve a small speedup: cv above "
-                    f"{stats.NOISE_CV:.0%} or a median interval wider than "
-                    f"±{stats.NOISE_RELATIVE_HALF_WIDTH:.0%}."
-                ),
+                note="Cells whose trials vary too much to resolve a small speedup (rule: Method).",
             ),
         ],
     )
@@ -352,11 +328,7 @@ def _retried_blocks(runs: pd.DataFrame) -> list[Block]:
     if retried.empty:
         return []
     table = Table.of(RETRIED_TABLE, retried.to_dict("records"))
-    note = (
-        "These trials ran out of memory at the configured batch size and ran again at half of "
-        "it (oom_retry). They are summarised at the batch size they ran, apart from the "
-        "configured one, and a speedup only pairs cells of the same batch size."
-    )
+    note = "Out of memory at the configured batch size, run again at half of it (oom_retry)."
     return [Block(table=table, heading="Retried at half the batch size", note=note)]
 
 
@@ -370,10 +342,8 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
     )
     reruns = int((pd.to_numeric(runs["attempt"], errors="coerce").fillna(0) > 0).sum())
     note = (
-        f"{int(flagged.sum())} of {judged} judged ok trials ran perturbed (rules in Method): "
-        f"they stay in every cell's statistics, marked, and are {fate}. "
-        f"{plural(reruns, 'rerun')} of perturbed trials ran as new records (rerun of: the "
-        "configured trial it repeats)."
+        f"{int(flagged.sum())} of {judged} judged ok trials ran perturbed, {fate}; "
+        f"{plural(reruns, 'rerun')} (rerun of: the configured trial it repeats)."
     )
     table = Table.of(PERTURBED_TABLE, runs[flagged].to_dict("records"))
     return Block(table=table, heading="Perturbed trials", note=note)
@@ -381,6 +351,7 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
 
 SECTION_BUILDERS: list[Callable[[ReportInputs], Section | None]] = [
     seed_section,
+    breakdown_section,  # where each step's time goes, beside the speedups
     claims_section,
     versions_section,
     summary_section,

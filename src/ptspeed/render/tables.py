@@ -1,10 +1,14 @@
 """The report's tables: a :class:`Column` per shown column, and the column lists of each table.
 
 A column is a spec: its header, the function that formats its cell from one row (a mapping,
-e.g. a record of an aggregated CSV), its alignment and whether its text may wrap. A
-:class:`Table` is built from a list of columns and the rows' mappings, so a header, its cells,
-its alignment and its wrapping cannot drift apart; the templates read all of them from the
-columns.
+e.g. a record of an aggregated CSV), its alignment, whether its text may wrap and where its
+text splits into a headline and a detail. A :class:`Table` is built from a list of columns
+and the rows' mappings, so a header, its cells, its alignment and its wrapping cannot drift
+apart; the templates read all of them from the columns.
+
+Every table of the page fits a 1280 px window (tests/test_report_browser.py measures it):
+headers wrap, prose columns wrap, and a table that would be wider is split (the summary's
+throughput apart from its first steps and memory) rather than scrolled.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from ptspeed.render.formatting import (
     format_batch,
     format_compile_time,
     format_compiler_counts,
-    format_flag,
     format_fraction_as_percent,
     format_int,
     format_mib,
@@ -35,6 +38,8 @@ from ptspeed.render.formatting import (
     format_text,
     format_verdict,
     is_blank,
+    is_true,
+    plural,
 )
 
 Row = Mapping[str, Any]
@@ -43,12 +48,16 @@ Row = Mapping[str, Any]
 @dataclass(frozen=True)
 class Column:
     """One table column: ``value`` formats its cell from a row; ``align`` right for numbers;
-    ``wrap`` for prose that may wrap (on a wide screen the other columns keep to one line)."""
+    ``wrap`` for prose that may wrap (on a wide screen the other columns keep to one line);
+    ``detail_after``: where a cell's text splits into its headline and a detail that the page
+    shows smaller on a line of its own (a verdict, then its reason); the Markdown and the text
+    of the cell stay whole."""
 
     header: str
     value: Callable[[Row], str]
     align: Literal["left", "right"] = "left"
     wrap: bool = False
+    detail_after: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,58 +153,53 @@ def _sides_compiler_counts(row: Row) -> str:
     return candidate if baseline == BLANK else f"{baseline} → {candidate}"
 
 
-_SEED_MEASURED = [
+SPEEDUP_HEADER = "speedup [interval]"
+_SEED_PLACE = [
     Column("model", text("model")),
     Column("mode", text("mode")),
     Column("batch", integer("batch_size"), align="right"),
+]
+_SEED_MEASURED = [
     _side_rate("baseline"),
     _side_rate("candidate"),
-    Column("speedup [interval, 95% unless stated]", _speedup, align="right"),
+    Column(SPEEDUP_HEADER, _speedup, align="right", wrap=True),
 ]
 _SEED_CLAIMED = [
-    Column("published", _published, wrap=True),
-    Column("verdict", lambda row: format_verdict(row["verdict"], row["verdict_reason"]), wrap=True),
+    Column("published", _published, wrap=True, detail_after="; "),
+    Column(
+        "verdict",
+        lambda row: format_verdict(row["verdict"], row["verdict_reason"]),
+        wrap=True,
+        detail_after=": ",
+    ),
 ]
-SEED_TABLE = [*_SEED_MEASURED, *_SEED_CLAIMED]
+SEED_TABLE = [*_SEED_PLACE, *_SEED_MEASURED, *_SEED_CLAIMED]
 # A comparison whose candidate compiled: what the compiler did, beside the speedup.
 COMPILED_SEED_TABLE = [
+    *_SEED_PLACE,
     *_SEED_MEASURED,
-    Column(COMPILER_HEADER, _sides_compiler_counts, align="right"),
+    Column(COMPILER_HEADER, _sides_compiler_counts, align="right", wrap=True),
     *_SEED_CLAIMED,
 ]
+PLATFORM = Column("platform", text("platform"))
 
 
-def seed_table_by_platform(platforms: Sequence[str], compiled: bool) -> list[Column]:
-    """The seed table of a run on several platforms: model, mode and batch, then one group of
-    columns per platform (baseline, candidate, speedup, verdict), then the published figures.
-    Its rows hold each platform's speedups row under ``platforms`` (:func:`rows_by_platform`)."""
-    shared, measured = _SEED_MEASURED[:3], _SEED_MEASURED[3:]
-    per_platform = [*measured, _SEED_CLAIMED[1]]
-    if compiled:
-        per_platform.insert(len(measured), Column(COMPILER_HEADER, _sides_compiler_counts))
-    columns = [*shared]
-    for platform in platforms:
-        columns += [_on_platform(platform, column) for column in per_platform]
-    return [*columns, _SEED_CLAIMED[0]]
+def seed_table_by_platform(compiled: bool) -> list[Column]:
+    """The seed table of a run on several platforms: a row per model, mode and platform
+    (:func:`rows_by_platform`), the platform after the batch; as narrow as one platform's."""
+    columns = COMPILED_SEED_TABLE if compiled else SEED_TABLE
+    return [*_SEED_PLACE, PLATFORM, *columns[len(_SEED_PLACE) :]]
 
 
-def _on_platform(platform: str, column: Column) -> Column:
-    def value(row: Row) -> str:
-        of_platform = row["platforms"].get(platform)
-        return column.value(of_platform) if of_platform is not None else BLANK
-
-    return Column(f"{platform}: {column.header}", value, column.align, column.wrap)
-
-
-def rows_by_platform(records: Sequence[Row]) -> list[dict[str, Any]]:
-    """One row per model and mode from speedups rows of several platforms, each platform's row
-    under ``platforms``; the published figures and sizes from the first."""
-    rows: dict[tuple[Any, Any], dict[str, Any]] = {}
-    for record in records:
-        key = (record["model"], record["mode"])
-        row = rows.setdefault(key, {**record, "platforms": {}})
-        row["platforms"][record["platform"]] = record
-    return list(rows.values())
+def rows_by_platform(records: Sequence[Row], platforms: Sequence[str]) -> list[Row]:
+    """Speedups rows of several platforms, each model and mode's platforms together, in the
+    order of ``platforms``."""
+    order = {platform: position for position, platform in enumerate(platforms)}
+    places = list(dict.fromkeys((record["model"], record["mode"]) for record in records))
+    return sorted(
+        records,
+        key=lambda r: (places.index((r["model"], r["mode"])), order.get(r["platform"], -1)),
+    )
 
 
 CLAIMS_TABLE = [
@@ -220,11 +224,21 @@ def _spread(row: Row) -> str:
 
 
 def _perturbed(row: Row) -> str:
+    """Perturbed ok trials and by what, and how many reruns the cell got: ``"1 (other
+    processes: 1); 1 rerun"``."""
     count = row.get("perturbed_trials")
     if is_blank(count):
         return BLANK
     reasons = row.get("perturbed_reasons")
-    return format_int(count) + ("" if is_blank(reasons) or not count else f" ({reasons})")
+    shown = format_int(count) + ("" if is_blank(reasons) or not count else f" ({reasons})")
+    reruns = row.get("reruns")
+    return shown if is_blank(reruns) or not reruns else f"{shown}; {plural(int(reruns), 'rerun')}"
+
+
+def _cv(row: Row) -> str:
+    """The cv, and whether it makes the cell noisy: ``"12.9% noisy"``."""
+    cv = format_fraction_as_percent(row["cv"])
+    return f"{cv} noisy" if is_true(row["noisy"]) else cv
 
 
 def _compile_time(row: Row) -> str:
@@ -233,18 +247,27 @@ def _compile_time(row: Row) -> str:
     )
 
 
-SUMMARY_TABLE = [
-    *CELL_COLUMNS,
+# A cell's sizes: those its model does not use are blank (ptspeed.analysis.columns.unused_sizes).
+SIZE_COLUMNS = [
     Column("batch", _batch, align="right"),
     Column("image", integer("image_size"), align="right"),
     Column("seq", integer("seq_len"), align="right"),
+]
+MEDIAN_HEADER = "median samples/s [interval]"
+# Every cell, in two tables that each fit the page: its throughput, then its first step,
+# compilation and memory.
+SUMMARY_TABLE = [
+    *CELL_COLUMNS,
+    *SIZE_COLUMNS,
     Column("trials", _trials, wrap=True),
-    Column("median samples/s [interval, 95% unless stated]", _median, align="right"),
+    Column(MEDIAN_HEADER, _median, align="right", wrap=True),
     Column("min–max samples/s", _spread, align="right"),
-    CV,
-    Column("noisy", lambda row: format_flag(row["noisy"])),
+    Column("cv", _cv, align="right", detail_after=" "),
     Column("perturbed trials", _perturbed, wrap=True),
-    Column("reruns", integer("reruns"), align="right"),
+]
+FIRST_STEP_TABLE = [
+    *CELL_COLUMNS,
+    *SIZE_COLUMNS,
     Column("first step", lambda row: format_seconds(row["median_first_step_s"]), align="right"),
     Column("compile time", _compile_time, align="right"),
     Column(COMPILER_HEADER, compiler_counts(), align="right"),
