@@ -233,10 +233,21 @@ def test_a_real_regression_with_the_machine_unchanged_is_flagged_slower() -> Non
 def test_a_regression_beyond_the_machines_change_is_still_flagged() -> None:
     new = {v: (rate * 0.8, seconds / 0.8) for v, (rate, seconds) in OLD.items()}
     new["compile"] = (150.0 * 0.8 / 1.2, 0.040 / 0.8)
-    better = {**new, "amp": (120.0 * 0.8 * 1.2, 0.040 / 0.8)}
+    better = {**new, "amp": (120.0 * 0.8 * 1.5, 0.040 / 0.8)}
     compared = compare_runs(trial_rows(OLD, seed=1), trial_rows(better, seed=2))
     marks = dict(zip(compared["variant"], compared["mark"], strict=True))
     assert marks == {"compile": SLOWER, "amp": FASTER, "eager": SAME}
+
+
+def test_a_cell_that_lost_less_than_the_machine_is_not_called_faster() -> None:
+    # A loaded machine slows a probe more than some cells (x0.48 against x0.66 once here):
+    # a cell still slower than before is never called faster, whatever its ratio / machine.
+    new = {v: (rate * 0.8, seconds / 0.8) for v, (rate, seconds) in OLD.items()}
+    new["amp"] = (120.0 * 0.8 * 1.2, 0.040 / 0.8)  # x0.96 on a machine x0.8: x1.2 / machine
+    compared = compare_runs(trial_rows(OLD, seed=1), trial_rows(new, seed=2))
+    amp = compared.set_index("variant").loc["amp"]
+    assert amp["corrected_ratio"] == pytest.approx(1.2, rel=0.05)
+    assert amp["mark"] == SAME
 
 
 def test_below_the_minimum_effect_nothing_is_flagged() -> None:
@@ -347,7 +358,9 @@ def test_a_real_regression_is_still_called_slower(aa_runs: dict[str, Path], tmp_
     marks = dict(zip(compared["env"], compared["mark"], strict=True))
     assert marks == {"host": SAME, "host-b": SLOWER}, out
     assert status == 1, out
-    assert "CHANGED" not in out.splitlines()[0], out
+    # The machine drifts a few per cent between runs on its own (x0.96 [0.96–0.98] here once):
+    # the regression is called slower whatever the machine line says.
+    assert out.splitlines()[0].startswith(("machine (cpu, 1 thread)", "MACHINE CHANGED")), out
 
 
 @pytest.mark.workflow

@@ -23,11 +23,16 @@ Hodges–Lehmann ratio new / old of the probes' speeds (1 / probe_s) over the sa
 cells count, with its exact interval ``[m_low, m_high]`` (:func:`machine_changes`). The rule,
 with ``r [r_low, r_high]`` a cell's ratio and ``t`` the threshold (the minimum effect):
 
-* ``-`` slower: the change is significant, ``r / m < 1 - t``, and ``r_high < m_low`` (the
-  cell's whole interval lies below the machine's: the machine's own change cannot explain it);
-* ``+`` faster: significant, ``r / m > 1 + t`` and ``r_low > m_high``;
+* ``-`` slower: the change is significant, both ``r`` and ``r / m`` are below ``1 - t``, and
+  ``r_high < min(1, m_low)``: the cell's whole interval lies below the machine's and below no
+  change, so neither noise nor the machine's own change can explain it;
+* ``+`` faster: significant, ``r`` and ``r / m`` above ``1 + t`` and ``r_low > max(1, m_high)``;
 * otherwise unchanged; a significant change beyond the threshold that the machine explains says
   so in ``change``.
+
+A loaded machine slows a probe and a cell by different amounts (on the development VM one
+spinning process per CPU slowed the probe x0.48 and the mlp cells x0.66): a cell that merely
+lost less than the probe is not called faster, nor one that gained less than the probe slower.
 
 Where a side has no probes (records from before them) ``m`` is 1 with an interval [1, 1], the
 rule above without the machine. :func:`machine_lines` says first, per group, each run's probe
@@ -405,9 +410,10 @@ def _judged(
         return SAME, "no significant change"
     m, m_low, m_high = machine.bounds() if machine is not None else (1.0, 1.0, 1.0)
     corrected = ratio.estimate / m
-    if corrected < 1.0 - threshold and ratio.high < m_low:
+    beyond = abs(ratio.estimate - 1.0) > threshold and abs(corrected - 1.0) > threshold
+    if beyond and corrected < 1.0 and ratio.high < min(1.0, m_low):
         return SLOWER, "slower"
-    if corrected > 1.0 + threshold and ratio.low > m_high:
+    if beyond and corrected > 1.0 and ratio.low > max(1.0, m_high):
         return FASTER, "faster"
     if abs(ratio.estimate - 1.0) > threshold:
         return SAME, (
