@@ -400,7 +400,9 @@ def test_a_neighbour_marks_exactly_the_trials_it_ran_beside(perturbed_run: dict[
     assert burned["perturbed_reason"].str.startswith("other processes").all()
     summary = perturbed_run["summary"].set_index("env")
     assert summary.loc["host", "perturbed_trials"] == 1
-    assert summary.loc["host-b", "perturbed_reasons"] == "other processes: 1"
+    # The neighbour also ran through the trial's machine-speed probes, which may name it too.
+    reasons = summary.loc["host-b", "perturbed_reasons"]
+    assert reasons in ("other processes: 1", "other processes: 1; machine-speed probe: 1")
 
 
 @pytest.mark.slow
