@@ -198,10 +198,11 @@ def _speedup_row(
     row[breakdown.SENTENCE] = breakdown.explain(
         breakdown.side(row, "baseline_"), breakdown.side(row, "candidate_")
     )
+    left_out_pairs = not_planned(config)
     left_out = [
         reason
         for spec in (base_spec, cand_spec)
-        if (reason := not_planned(config).get((platform, spec["env"])))
+        if (reason := left_out_pairs.get((platform, spec["env"])))
     ]
     if left_out:
         row["verdict"], row["verdict_reason"] = NOT_MEASURED, "; ".join(dict.fromkeys(left_out))

@@ -56,9 +56,6 @@ class PlatformPlan:
     def names(self) -> list[str]:
         return [platform.name for platform in self.platforms]
 
-    def runs(self, platform: str, env: str) -> bool:
-        return (platform, env) not in self.cannot_run
-
     def to_json(self) -> dict[str, Any]:
         """The plan as the effective config carries it to the tables and the report."""
         return {
