@@ -355,9 +355,15 @@ def test_the_report_shows_the_breakdown_and_sentence_beside_each_speedup(tmp_pat
     render_tables(frames, report)
     html = (report / "index.html").read_text(encoding="utf-8")
     markdown = (report / "report.md").read_text(encoding="utf-8")
-    for text in (html, markdown):
-        assert "Where the time goes" in text and "ops per step" in text
-        assert "../traces/torch-2.0-mlp-eager.json.gz" in text
+    seed_html = html[html.index('id="seed-table"') : html.index('id="claims"')]
+    seed_markdown = markdown[: markdown.index("## Speedups against the published claims")]
+    for seed in (seed_html, seed_markdown):  # beside each speedup: in the seed table
+        assert "where the time went (per profiled step)" in seed and "ops per step" in seed
+    assert '<a href="../traces/torch-2.0-mlp-eager.json.gz">baseline trace</a>' in seed_html
+    assert "[candidate trace](../traces/torch-2.0-mlp-compile.json.gz)" in seed_markdown
+    assert "Milliseconds per profiled step by kind of work" in seed_html  # the stacked bars
+    versions = html[html.index('id="versions"') : html.index('id="summary"')]
+    assert "torch version to version" in versions and "../traces/torch-1.13-mlp-eager" in versions
 
 
 @pytest.mark.slow  # a whole cell and a second's sleep

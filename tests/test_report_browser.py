@@ -68,6 +68,10 @@ window.addEventListener("load", () => {
           const cell = row.cells[verdict].getBoundingClientRect();
           return {right: cell.right, width: cell.width, height: cell.height};
         }),
+        links: [...table.querySelectorAll("a")].map((link) => {
+          const box = link.getBoundingClientRect();
+          return {href: link.getAttribute("href"), right: box.right, width: box.width};
+        }),
       };
     }),
   });
@@ -99,8 +103,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def wide_site(site: dict[str, Any]) -> dict[str, Any]:
     """The fixture's tables made as wide as a real run's: every comparison on two platforms,
-    both sides compiled, long verdicts, a long environment name and every cell's compile time
-    with its cold and warm parts."""
+    both sides compiled and profiled (where the time went, with both traces), long verdicts, a
+    long environment name and every cell's compile time with its cold and warm parts."""
     tables = site["tables"]
     compiled = {
         f"{side}_median_{name}": value
@@ -111,7 +115,22 @@ def wide_site(site: dict[str, Any]) -> dict[str, Any]:
         "claimed on NVIDIA A100-SXM4-80GB, fp32; measured on NVIDIA H100 80GB HBM3 (cuda), "
         "tf32 / bf16; interval at 80% confidence (3 and 2 ok trials cannot reach 95%)"
     )
-    speedups = tables["speedups"].assign(**compiled, verdict_reason=reason)
+    profiled = {
+        f"{side}_{column}": value
+        for side, step in (("baseline", 0.012), ("candidate", 0.007))
+        for column, value in (
+            ("profile_timeline", "cpu"), ("profile_step_s", step), ("time_matmul_s", 0.005),
+            ("time_elementwise_s", step - 0.006), ("time_host_s", 0.001),
+            ("trace", f"results/traces/a-long-cell-name-of-the-{side}.json.gz"),
+        )
+    }  # fmt: skip
+    sentence = (
+        "elementwise −83 % (6.0 → 1.0 ms), compiler-generated new (2.0 ms), matmul/conv +1 % "
+        "(5.0 → 5.1 ms); ops per step 412 → 96"
+    )
+    speedups = tables["speedups"].assign(
+        **compiled, **profiled, verdict_reason=reason, breakdown=sentence
+    )
     speedups = pd.concat(
         [speedups.assign(platform=name) for name in ("a100-sxm4-80gb", "h100-80gb-hbm3")]
     )
@@ -222,6 +241,11 @@ def test_every_table_fits_the_window_and_shows_its_verdicts(
     for cell in verdicts:
         assert cell["width"] > 0 and cell["height"] > 0, cell
         assert cell["right"] <= width + PIXEL, (cell, width)
+    links = [link for table in seed for link in table["links"]]
+    if page == "wide_site":  # beside every speedup, both sides' traces, in view
+        assert len(links) == 2 * len(verdicts)
+        assert all(link["href"].startswith("../traces/") for link in links), links
+        assert all(link["width"] > 0 and link["right"] <= width + PIXEL for link in links), links
     screenshot = served["root"] / "results" / f"report-{window.split(',')[0]}.png"
     screenshot.parent.mkdir(exist_ok=True)
     result = chromium(

@@ -1,6 +1,8 @@
-"""The report's section on where each step's time goes: per comparison, baseline against
-candidate by kind of work (a stacked bar per model and the sentence that names the biggest
-changes), then each cell across torch versions, with the path of every trace.
+"""Where each step's time goes, in the report: beside each speedup of the seed table, the
+sentence that names the biggest changes from baseline to candidate with links to both traces
+(:func:`why_column`) and, under the table, a stacked bar per model and side by kind of work
+(:func:`comparison_chart`); in the torch versions section, each cell across versions
+(:func:`version_blocks`).
 
 The times are the profiled steps' (:mod:`ptspeed.analysis.breakdown`; the kinds:
 :data:`ptspeed.cell.breakdown.KIND_HELP`). Traces are linked relative to the report
@@ -16,7 +18,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pandas as pd
 import seaborn as sns
 
 from ptspeed.analysis import breakdown
@@ -24,8 +25,8 @@ from ptspeed.analysis.versions import torch_versions, version_key
 from ptspeed.cell.breakdown import KIND_HELP, KINDS, SUM_TOLERANCE
 from ptspeed.render.figures import DPI, FONT, WIDTH_IN, Chart
 from ptspeed.render.formatting import format_text
-from ptspeed.render.page import Block, ReportInputs, Section
-from ptspeed.render.tables import Column, Table
+from ptspeed.render.page import Block, ReportInputs
+from ptspeed.render.tables import Column, LinkedText, Table
 
 BAR_IN = 0.3
 LEGEND_COLUMNS = 4
@@ -36,76 +37,61 @@ KINDS_FOOTNOTE = "Kinds: " + "; ".join(
 REPORT_DIRECTORY = "report"  # the report's directory under the results directory
 
 
-def breakdown_section(inputs: ReportInputs) -> Section | None:
-    """Each comparison's models by kind of work, then each cell across torch versions; None
-    where no cell was profiled."""
-    summary = inputs.summary
-    if "profiled_trials" not in summary.columns or not (summary["profiled_trials"] > 0).any():
-        return None
-    results = str(inputs.config.get("results", "results"))
-    blocks = []
-    speedups = inputs.speedups
-    for name in dict.fromkeys(speedups["comparison"]):
-        rows = [
-            row
-            for row in speedups[speedups["comparison"] == name].to_dict("records")
-            if breakdown.side(row, "baseline_") or breakdown.side(row, "candidate_")
+PROFILING_METHOD = (
+    "each cell's first trial runs a few more steps under torch.profiler after its measured "
+    "window (never inside it). Their time per step by kind of work: on the CPU each op's self "
+    "time by the op's kind, 'Python/framework' the time outside any op; on CUDA the GPU's time "
+    "by kernel kind, 'GPU idle' the time no kernel ran (host overhead). The kinds sum to the "
+    f"profiled step time within {SUM_TOLERANCE:.0%}. Profiled steps are slower than measured "
+    "ones (the profiler's cost): compare shares, not these times with the throughputs. Each "
+    "profiled trial's trace (Chrome trace JSON, gzip) opens in Perfetto or TensorBoard"
+)
+WHY_HEADER = "where the time went (per profiled step)"
+
+
+def why_column(results: str) -> Column:
+    """The seed table's column beside each speedup: the sentence naming the biggest changes
+    from baseline to candidate, with links to both sides' traces."""
+
+    def value(row: Mapping[str, Any]) -> str:
+        sentence = row.get(breakdown.SENTENCE)
+        links = [
+            (f"{side} trace", link)
+            for side in ("baseline", "candidate")
+            if (link := _link(row.get(f"{side}_trace"), results))
         ]
-        if rows:
-            blocks.extend(_comparison_blocks(rows, results))
-    blocks.extend(_version_blocks(summary, inputs.runs, results))
-    return Section(
-        id="breakdown",
-        title="Where the time goes",
-        intro=(
-            "Each cell's first trial ran a few more steps under torch.profiler after its "
-            "measured window (never inside it). Their time per step by kind of work: on the CPU "
-            "each op's self time by the op's kind, 'Python/framework' the time outside any op; "
-            "on CUDA the GPU's time by kernel kind, 'GPU idle' the time no kernel ran "
-            f"(host overhead). The kinds sum to the profiled step time within "
-            f"{SUM_TOLERANCE:.0%}; profiled steps are slower than measured ones (the "
-            "profiler's cost), so compare shares, not these times with the throughputs."
-        ),
-        blocks=blocks,
-    )
+        return LinkedText(format_text(sentence), links)
+
+    return Column(WHY_HEADER, value, wrap=True)
 
 
-def _comparison_blocks(rows: Sequence[Mapping[str, Any]], results: str) -> list[Block]:
-    first = rows[0]
+def comparison_chart(rows: Sequence[Mapping[str, Any]]) -> Block | None:
+    """A comparison's models, baseline and candidate, as stacked bars by kind of work; None
+    where neither side of any row was profiled."""
     bars = []
     for row in rows:
-        for prefix, env, variant in (
-            ("baseline_", first["baseline_env"], first["baseline_variant"]),
-            ("candidate_", first["candidate_env"], first["candidate_variant"]),
-        ):
-            side = breakdown.side(row, prefix)
-            if side:
-                bars.append((f"{row['model']}: {env}/{variant}", side))
-    table = Table.of(
-        [
-            Column("model", lambda row: format_text(row["model"])),
-            Column(
-                "what changed (per profiled step)",
-                lambda row: format_text(row.get(breakdown.SENTENCE)),
-                wrap=True,
-            ),
-            Column("traces", lambda row: _traces(row, results), wrap=True),
-        ],
-        rows,
-    )
-    heading = f"{format_text(first['title'])}: where the time goes"
-    return [
-        Block(heading=heading, chart=stacked_bars(bars), note=_kinds_note(bars)),
-        Block(table=table, footnote=KINDS_FOOTNOTE),
-    ]
+        for side in ("baseline", "candidate"):
+            found = breakdown.side(row, f"{side}_")
+            if found:
+                place = " ".join(
+                    str(row[key]) for key in ("model", "mode", "platform") if _shown(row.get(key))
+                )
+                bars.append((f"{place}: {side}", found))
+    if not bars:
+        return None
+    return Block(chart=stacked_bars(bars), note=_kinds_note(bars), footnote=KINDS_FOOTNOTE)
 
 
-def _version_blocks(summary: pd.DataFrame, runs: pd.DataFrame, results: str) -> list[Block]:
-    """Each profiled cell (model, variant, mode) in every torch version, oldest first."""
-    torch = torch_versions(runs)
-    profiled = summary[(summary["profiled_trials"] > 0) & summary["env"].isin(list(torch))]
+def version_blocks(inputs: ReportInputs) -> list[Block]:
+    """Each profiled cell (model, variant, mode) in every torch version, oldest first: its
+    stacked bars and what changed from each version to the next, with the traces."""
+    summary, results = inputs.summary, str(inputs.config.get("results", "results"))
+    if "profile_step_s" not in summary.columns:
+        return []
+    torch = torch_versions(inputs.runs)
+    chosen = summary[summary["profile_step_s"].notna() & summary["env"].isin(list(torch))]
     bars, rows = [], []
-    for (model, variant, mode), cell in profiled.groupby(["model", "variant", "mode"], sort=True):
+    for (model, variant, mode), cell in chosen.groupby(["model", "variant", "mode"], sort=True):
         ordered = sorted(cell.to_dict("records"), key=lambda r: version_key(torch[r["env"]]))
         if len({torch[r["env"]] for r in ordered}) < 2:
             continue
@@ -118,29 +104,39 @@ def _version_blocks(summary: pd.DataFrame, runs: pd.DataFrame, results: str) -> 
             f"{torch[a['env']]} → {torch[b['env']]}: {breakdown.explain(x, y)}"
             for a, b, x, y in zip(ordered, ordered[1:], sides, sides[1:], strict=False)
         ]
+        links = [
+            (f"torch {torch[r['env']]} trace", link)
+            for r in ordered
+            if (link := _link(r.get("trace"), results))
+        ]
         rows.append(
-            {"cell": f"{model} / {variant} / {mode}", "changes": "; ".join(steps),
-             "traces": " ".join(_link(r.get("trace"), results) for r in ordered if r.get("trace"))}
-        )  # fmt: skip
+            {
+                "cell": f"{model} / {variant} / {mode}",
+                "changes": LinkedText("; ".join(steps), links),
+            }
+        )
     if not rows:
         return []
     table = Table.of(
         [
             Column("cell", lambda row: row["cell"]),
-            Column("what changed between torch versions", lambda row: row["changes"], wrap=True),
-            Column("traces", lambda row: row["traces"] or "—", wrap=True),
+            Column(
+                "where the time went, torch version to version",
+                lambda row: row["changes"],
+                wrap=True,
+            ),
         ],
         rows,
     )
+    heading = "Where the time goes, torch version to version"
     return [
-        Block(heading="Across torch versions", chart=stacked_bars(bars), note=_kinds_note(bars)),
-        Block(table=table),
+        Block(heading=heading, chart=stacked_bars(bars), note=_kinds_note(bars)),
+        Block(table=table, footnote=KINDS_FOOTNOTE),
     ]
 
 
-def _traces(row: Mapping[str, Any], results: str) -> str:
-    links = [_link(row.get(f"{side}_trace"), results) for side in ("baseline", "candidate")]
-    return " ".join(link for link in links if link) or "—"
+def _shown(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
 
 
 def _link(path: Any, results: str) -> str:
@@ -153,7 +149,7 @@ def _link(path: Any, results: str) -> str:
 def _kinds_note(bars: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
     timelines = {side["timeline"] for _, side in bars}
     what = "the GPU's time" if timelines == {"gpu"} else "the stepping thread's time"
-    return f"Milliseconds per profiled step by kind of work ({what})."
+    return f"Milliseconds per profiled step by kind of work ({what}; how: Method)."
 
 
 def stacked_bars(bars: Sequence[tuple[str, Mapping[str, Any]]]) -> Chart | None:

@@ -13,6 +13,7 @@ from ptspeed.analysis import late_numerics, ranks, stats
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE
 from ptspeed.analysis.conditions import settings
 from ptspeed.cell.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
+from ptspeed.render.breakdown import PROFILING_METHOD
 from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank, plural
 from ptspeed.render.page import Block, ReportInputs, Section
 from ptspeed.render.tables import COMPILER_HEADER, Column, Row, Table, given
@@ -240,6 +241,7 @@ def method_section(inputs: ReportInputs) -> Section:
             "below its minor version, or PTX at or below its capability (CUDA's rule); a run on "
             "several platforms submits each cell only where it can run",
         ],
+        ["where the time went", PROFILING_METHOD],
         ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
     ]
     rows = [{"name": name, "value": value} for name, value in pairs]

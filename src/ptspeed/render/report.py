@@ -90,8 +90,11 @@ def template_environment(templates_dir: str | Path | None = None) -> jinja2.Envi
 
 
 def markdown_cell(text: Any) -> str:
-    """Text safe inside a Markdown table cell: no pipes or line breaks."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Text safe inside a Markdown table cell: no pipes or line breaks; a cell's links
+    (:class:`~ptspeed.render.tables.LinkedText`) after it as ``[label](href)``."""
+    links = getattr(text, "links", ())
+    shown = str(text) + "".join(f" [{label}]({href})" for label, href in links)
+    return " ".join(shown.split()).replace("|", "\\|")
 
 
 # Where a number cell may break: before an interval, a trial count or the candidate's side.

@@ -16,11 +16,12 @@ from typing import Any
 
 import pandas as pd
 
+from ptspeed.analysis import breakdown
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
 from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
-from ptspeed.render.breakdown import breakdown_section
+from ptspeed.render.breakdown import comparison_chart, version_blocks, why_column
 from ptspeed.render.figures import (
     FIRST_STEP,
     PEAK_MEMORY,
@@ -57,41 +58,56 @@ from ptspeed.render.tables import (
 def seed_section(inputs: ReportInputs) -> Section:
     frame = inputs.speedups
     keep = bool(settings(inputs.config)["keep_perturbed"])
+    results = str(inputs.config.get("results", "results"))
     blocks = [
-        _comparison_block(frame[frame["comparison"] == name], inputs.claims, keep)
+        block
         for name in dict.fromkeys(frame["comparison"])
+        for block in _comparison_blocks(
+            frame[frame["comparison"] == name], inputs.claims, keep, results
+        )
     ]
     return Section(
         id="seed-table",
         title="The seed table, measured",
         intro=(
-            "Each comparison's speedup per model on this machine, and whether the published "
-            "figure holds. Throughputs are medians over the ok trials (n); intervals are 95% "
-            "unless the cell states less. How each number is made: Method."
+            "Each comparison's speedup per model on this machine, whether the published figure "
+            "holds and where the time went. Throughputs: medians over the ok trials (n); "
+            "intervals 95% unless stated. How: Method."
         ),
         blocks=blocks,
     )
 
 
-def _comparison_block(
-    rows: pd.DataFrame, claims: Mapping[str, Any], keep_perturbed: bool = False
-) -> Block:
+def _comparison_blocks(
+    rows: pd.DataFrame, claims: Mapping[str, Any], keep_perturbed: bool, results: str
+) -> list[Block]:
+    """A comparison's seed table and, where its cells were profiled, the stacked bars of where
+    each side's time went."""
     first = rows.iloc[0]
     records = rows.to_dict("records")
     compiled = any(compiler_counts("candidate_")(row) != BLANK for row in records)
     named = (row.get("platform") for row in records)
     platforms = list(dict.fromkeys(name for name in named if not is_blank(name)))
-    if len(platforms) > 1:
-        table = Table.of(seed_table_by_platform(compiled), rows_by_platform(records, platforms))
-    else:
-        table = Table.of(COMPILED_SEED_TABLE if compiled else SEED_TABLE, records)
+    several = len(platforms) > 1
+    columns = (
+        seed_table_by_platform(compiled)
+        if several
+        else (COMPILED_SEED_TABLE if compiled else SEED_TABLE)
+    )
+    explained = any(breakdown.side(row, f"{side}_") for row in records for side in SIDES)
+    if explained:
+        columns = [*columns, why_column(results)]
+    ordered = rows_by_platform(records, platforms) if several else records
+    table = Table.of(columns, ordered)
     sides = (
         f"baseline {first['baseline_env']}/{first['baseline_variant']} → "
         f"candidate {first['candidate_env']}/{first['candidate_variant']}"
     )
     note = _claim_note(sides, first, claims) + _left_out_note(rows, keep_perturbed)
     footnote = _compiler_note(records) if compiled else ""
-    return Block(table=table, heading=format_text(first["title"]), note=note, footnote=footnote)
+    seed = Block(table=table, heading=format_text(first["title"]), note=note, footnote=footnote)
+    chart = comparison_chart(ordered) if explained else None
+    return [seed, chart] if chart else [seed]
 
 
 def _compiler_note(records: list[dict[str, Any]]) -> str:
@@ -187,7 +203,10 @@ def versions_section(inputs: ReportInputs) -> Section | None:
             "The same model, variant, mode and size in each torch environment: its median "
             "throughput (n = ok trials), oldest torch first, then the ratio to the oldest."
         ),
-        blocks=[Block(table=Table.of(version_columns(table), version_rows(table)))],
+        blocks=[
+            Block(table=Table.of(version_columns(table), version_rows(table))),
+            *version_blocks(inputs),
+        ],
     )
 
 
@@ -351,7 +370,6 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
 
 SECTION_BUILDERS: list[Callable[[ReportInputs], Section | None]] = [
     seed_section,
-    breakdown_section,  # where each step's time goes, beside the speedups
     claims_section,
     versions_section,
     summary_section,

@@ -60,6 +60,18 @@ class Column:
     detail_after: str = ""
 
 
+class LinkedText(str):
+    """A cell's text with links under it (label, href relative to the page): the page shows
+    them as anchors on a smaller line, the Markdown as ``[label](href)`` after the text."""
+
+    links: tuple[tuple[str, str], ...]
+
+    def __new__(cls, text: str, links: Iterable[tuple[str, str]] = ()) -> LinkedText:
+        cell = super().__new__(cls, text)
+        cell.links = tuple(links)
+        return cell
+
+
 @dataclass(frozen=True)
 class Table:
     """Formatted cells, one per column in every row."""
