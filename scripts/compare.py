@@ -76,6 +76,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="smallest relative change that counts, beyond the machine's own (default 0.05: 5%%)",
     )
     parser.add_argument(
+        "--min-window-s",
+        type=float,
+        default=None,
+        help="no change is called in a cell whose windows are shorter (default: the "
+        "configuration's conditions.min_window_s, 0.5)",
+    )
+    parser.add_argument(
         "--only-changed", action="store_true", help="print only faster, slower and missing cells"
     )
     parser.add_argument(
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise ValueError(f"--out {unknown[0]}: write .csv or .md")
         old, new = read_runs(args.old), read_runs(args.new)
-        compared = compare_runs(old, new, args.threshold, args.keep_perturbed)
+        compared = compare_runs(old, new, args.threshold, args.keep_perturbed, args.min_window_s)
         for line in machine_lines(machine_changes(old, new, args.keep_perturbed)):
             print(line)
         shown = compared[compared["mark"] != SAME] if args.only_changed else compared

@@ -260,6 +260,20 @@ def test_below_the_minimum_effect_nothing_is_flagged() -> None:
     assert strict.loc["compile", "mark"] == SLOWER
 
 
+def test_no_change_is_called_in_windows_too_short_to_judge() -> None:
+    new = {**OLD, "compile": (150.0 / 1.25, 0.040)}  # 25 % slower, far beyond any threshold
+    old_runs, new_runs = trial_rows(OLD, seed=1), trial_rows(new, seed=2)
+    short = new_runs.assign(window_s=[0.4 if v == "compile" else 2.0 for v in new_runs["variant"]])
+    row = compare_runs(old_runs.assign(window_s=2.0), short).set_index("variant").loc["compile"]
+    assert (row["mark"], row["significant"]) == (SAME, True)
+    assert row["change"] == (
+        "slower by the numbers, but its windows (0.40 s) are shorter than the 0.5 s a change is "
+        "called on (conditions.min_window_s): lengthen steps.measured"
+    )
+    relaxed = compare_runs(old_runs, short, min_window_s=0.3).set_index("variant")
+    assert relaxed.loc["compile", "mark"] == SLOWER
+
+
 def test_the_cli_names_the_machine_first_and_exits_0_when_it_explains_the_change(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -278,17 +292,20 @@ def test_the_cli_names_the_machine_first_and_exits_0_when_it_explains_the_change
 
 AA_TRIALS = 5
 # Two host environments of one torch, mlp eager: the same code twice. One thread, and Snakemake
-# on one core: one cell at a time. 100 measured steps of mlp at batch 16: a window of ~0.3 s.
+# on one core: one cell at a time. 200 measured steps of mlp at batch 64: windows of about 2 s,
+# long enough to be judged for load and for compare.py to call a change in (min_window_s).
 AA_RUN: dict[str, Any] = {
     **HOSTS,
     "trials": AA_TRIALS,
     "threads": 1,
-    "steps": {"warmup": 3, "measured": 100, "numerics": 0},
+    "models": {"mlp": {"cpu": {"batch_size": 64}}},
+    "steps": {"warmup": 3, "measured": 200, "numerics": 0},
 }
 AA_TIMEOUT_S = 1500
 # The A/A runs measure what a machine's noise does to a comparison (a benchmark, not a test of
 # behaviour): an identical run once came out x0.91 [0.89–0.97] on one cell of 0.4 s windows with
-# the probe unchanged. They run on request, on a quiet machine: PTSPEED_AA=1.
+# the probe unchanged (windows that short compare.py no longer calls a change in). They run on
+# request, on a quiet machine: PTSPEED_AA=1.
 needs_aa = pytest.mark.skipif(
     os.environ.get("PTSPEED_AA") != "1",
     reason="A/A runs of the workflow (4 runs, ~4 min, a quiet machine): set PTSPEED_AA=1",

@@ -28,7 +28,11 @@ with ``r [r_low, r_high]`` a cell's ratio and ``t`` the threshold (the minimum e
   change, so neither noise nor the machine's own change can explain it;
 * ``+`` faster: significant, ``r`` and ``r / m`` above ``1 + t`` and ``r_low > max(1, m_high)``;
 * otherwise unchanged; a significant change beyond the threshold that the machine explains says
-  so in ``change``.
+  so in ``change``;
+* and never faster or slower where either side's median measured window is shorter than
+  ``conditions.min_window_s`` (0.5 s): windows that short are not judged for load either, and
+  two runs of identical code on the development VM once differed by x0.91 [0.89–0.97] in 0.4 s
+  windows with the probe unchanged; ``change`` says so and asks for longer windows.
 
 A loaded machine slows a probe and a cell by different amounts (on the development VM one
 spinning process per CPU slowed the probe x0.48 and the mlp cells x0.66): a cell that merely
@@ -63,7 +67,7 @@ from ptspeed.analysis.columns import (
     read_table,
     unused_sizes,
 )
-from ptspeed.analysis.conditions import counted_in_speedups, probe_group, probe_s
+from ptspeed.analysis.conditions import counted_in_speedups, probe_group, probe_s, settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, platform_directory, size_label
 
@@ -142,19 +146,25 @@ def compare_runs(
     new: pd.DataFrame,
     threshold: float = DEFAULT_THRESHOLD,
     keep_perturbed: bool = False,
+    min_window_s: float | None = None,
 ) -> pd.DataFrame:
     """One row per cell of either side (sorted by cell), columns :data:`COMPARE_COLUMNS`.
 
     ``ratio`` is new / old median throughput over the ok trials (the perturbed ones left out
-    unless ``keep_perturbed``); above 1 means faster.
+    unless ``keep_perturbed``); above 1 means faster. A cell whose median measured window is
+    shorter than ``min_window_s`` on either side (default: the configuration's
+    ``conditions.min_window_s``) is never called faster or slower.
     """
     if not 0.0 <= threshold < 1.0:
         raise InputError(f"threshold must lie in [0, 1), got {threshold}")
+    if min_window_s is None:
+        min_window_s = float(settings(None)["min_window_s"])
     old_cells, new_cells = cells_of(old, keep_perturbed), cells_of(new, keep_perturbed)
     machines = machine_changes(old, new, keep_perturbed)
     keys = sorted(old_cells.keys() | new_cells.keys(), key=_sort_key)
     rows = [
-        _compared(key, old_cells.get(key), new_cells.get(key), threshold, machines) for key in keys
+        _compared(key, old_cells.get(key), new_cells.get(key), threshold, machines, min_window_s)
+        for key in keys
     ]
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
@@ -163,8 +173,9 @@ def cells_of(
     runs: pd.DataFrame, keep_perturbed: bool = False
 ) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Per cell: its ok throughputs (finite, positive; not perturbed unless ``keep_perturbed``)
-    and all its statuses. Rows whose cell is unknown (an unreadable file outside the workflow's
-    layout) cannot be matched and are left out."""
+    with their windows' lengths and probe groups, and all its statuses. Rows whose cell is
+    unknown (an unreadable file outside the workflow's layout) cannot be matched and are left
+    out."""
     # Only the same platform is compared across runs; a run without platforms is one unnamed.
     known = _known(runs)
     rates = pd.to_numeric(known["throughput_samples_per_s"], errors="coerce")
@@ -174,14 +185,22 @@ def cells_of(
     cells: dict[tuple[Any, ...], dict[str, Any]] = {}
     columns = [known[key].tolist() for key in CELL_KEYS]
     groups = [probe_group(row) for row in known.to_dict("records")]
-    for *key, status, rate, group in zip(*columns, known["status"], rates, groups, strict=True):
+    windows = (
+        pd.to_numeric(known["window_s"], errors="coerce")
+        if "window_s" in known.columns
+        else pd.Series(math.nan, index=known.index)
+    )
+    trials = zip(*columns, known["status"], rates, groups, windows, strict=True)
+    for *key, status, rate, group, window in trials:
         cell = cells.setdefault(
-            tuple(_plain(v) for v in key), {"rates": [], "statuses": [], "groups": []}
+            tuple(_plain(v) for v in key),
+            {"rates": [], "statuses": [], "groups": [], "windows": []},
         )
         cell["statuses"].append(status)
         if status == "ok" and math.isfinite(rate) and rate > 0:
             cell["rates"].append(float(rate))
             cell["groups"].append(group)
+            cell["windows"].append(float(window))
     return cells
 
 
@@ -340,6 +359,7 @@ def _compared(
     new: Mapping[str, Any] | None,
     threshold: float,
     machines: Mapping[tuple[Any, ...], Machine] | None = None,
+    min_window_s: float = 0.0,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {
         **dict(zip(CELL_KEYS, key, strict=True)),
@@ -375,7 +395,27 @@ def _compared(
             }
         )
     mark, change = _judged(ratio, threshold, machine)
+    window = _shortest_window(old, new)
+    if mark in (FASTER, SLOWER) and window < min_window_s:
+        mark, change = (
+            SAME,
+            (
+                f"{change} by the numbers, but its windows ({window:.2f} s) are shorter than the "
+                f"{min_window_s:g} s a change is called on (conditions.min_window_s): lengthen "
+                "steps.measured"
+            ),
+        )
     return {**row, "mark": mark, "change": change}
+
+
+def _shortest_window(old: Mapping[str, Any], new: Mapping[str, Any]) -> float:
+    """The shorter of the two sides' median measured windows (seconds; inf where unknown)."""
+    medians = [
+        statistics.median(known)
+        for cell in (old, new)
+        if (known := [w for w in cell.get("windows", []) if math.isfinite(w)])
+    ]
+    return min(medians, default=math.inf)
 
 
 def _side(prefix: str, cell: Mapping[str, Any] | None) -> dict[str, Any]:
