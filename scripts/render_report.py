@@ -22,6 +22,7 @@ import pandas as pd
 
 from ptspeed.analysis.aggregate import read_mapping
 from ptspeed.analysis.columns import read_table
+from ptspeed.analysis.compare import read_runs
 from ptspeed.render.report import render
 
 
@@ -33,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", help="steps.csv (per-step times, for the step-time figure)")
     parser.add_argument("--config", required=True, help="merged config (YAML or JSON)")
     parser.add_argument("--claims", required=True, help="published figures (claims.yaml)")
+    parser.add_argument(
+        "--earlier", help="an earlier run's runs.csv to set this one against (compare.earlier)"
+    )
     parser.add_argument("--out-dir", required=True, help="where index.html and report.md go")
     parser.add_argument("--templates-dir", help="templates (default: the repository's)")
     return parser.parse_args(argv)
@@ -53,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         tables = [read_csv(path) for path in (args.runs, args.summary, args.speedups)]
         steps = read_csv(args.steps) if args.steps else None
         config, claims = read_mapping(args.config), read_mapping(args.claims)
-        render(*tables, config, claims, args.out_dir, templates_dir=args.templates_dir, steps=steps)
+        earlier = read_runs(args.earlier) if args.earlier else None
+        render(
+            *tables, config, claims, args.out_dir, templates_dir=args.templates_dir, steps=steps,
+            earlier=earlier,
+        )  # fmt: skip
     except (OSError, ValueError, KeyError, jinja2.TemplateError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -179,6 +179,10 @@ BAD = [
     ("variants.eager", "__import__('os').system('id')", "variants.eager: \"__import__('os')"),
     ("variants.eager", "eager;id", "variants.eager: 'eager;id' does not match"),
     # paths outside the project, or onto its code
+    ("compare.earlier", "no/such/run", "compare.earlier: "),
+    ("compare.earlier", "config", "compare.earlier: "),
+    ("compare.min_effect", 1.0, "compare.min_effect: 1.0 is greater than or equal to the maximum"),
+    ("compare.against", "x", "compare: Additional properties are not allowed ('against' was"),
     ("results", "/etc", "results: '/etc' is a system directory"),
     ("results", "/", "results: '/' is a system directory"),
     ("results", "/usr/local/results", "results: '/usr/local/results' is a system directory"),

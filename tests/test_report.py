@@ -1064,3 +1064,41 @@ def test_the_report_draws_one_drift_plot_per_comparison_that_recorded_start_time
     drawn = [image for image in page.images if image["section"] == "drift"]
     assert len(drawn) == tables["speedups"]["comparison"].nunique()
     assert all(image["alt"].startswith("Time series of ") for image in drawn)
+
+
+# --- against an earlier run (compare.earlier) ----------------------------------------------------
+
+
+def _five_trials(runs: pd.DataFrame, factor: float = 1.0) -> pd.DataFrame:
+    """Each ok trial of ``runs`` as five, ±1 % apart, throughput times ``factor``; 2 s windows."""
+    ok = runs[runs["status"] == "ok"]
+    copies = [
+        ok.assign(
+            trial=ok["trial"] * 5 + copy,
+            throughput_samples_per_s=ok["throughput_samples_per_s"] * factor * (1 + offset),
+        )
+        for copy, offset in enumerate((-0.01, -0.005, 0.0, 0.005, 0.01))
+    ]
+    return pd.concat([*copies, runs[runs["status"] != "ok"]]).assign(window_s=2.0)
+
+
+def test_the_report_sets_the_run_against_an_earlier_one_by_compare_rule(
+    tables: dict[str, pd.DataFrame], tmp_path: Path
+) -> None:
+    """An earlier run where one cell was 30 % faster and everything else the same: that cell
+    is called slower, the rest not, and the machine's line comes first."""
+    runs = tables["runs"]
+    regressed = (runs["env"] == "torch-2.0") & (runs["variant"] == "eager")
+    earlier = pd.concat([_five_trials(runs[~regressed]), _five_trials(runs[regressed], 1.3)])
+    render_tables({**tables, "runs": _five_trials(runs)}, tmp_path, earlier=earlier)
+    page = read_page((tmp_path / "index.html").read_text(encoding="utf-8"))
+    rows = page.tables["earlier"][0]
+    assert rows[0][:2] == ["mark", "old samples/s"]
+    marks = {row[6]: row[0] for row in rows[1:]}
+    assert marks.pop("torch-2.0/resnet50/eager/train/b8-i96") == "-", rows
+    assert set(marks.values()) <= {"", "x"}, rows
+    markdown = (tmp_path / "report.md").read_text(encoding="utf-8")
+    section = markdown.split("## Against an earlier run", 1)[1]
+    before_cells = section.split("|", 1)[0]  # the machine is said first, probed or not
+    assert "no machine-speed probe in old and new (records from before probes)" in before_cells
+    assert "0 faster, 1 slower" in section

@@ -31,7 +31,9 @@ from helpers import (
     write_config,
 )
 
+from ptspeed.cell.breakdown import STEP_ANNOTATION
 from ptspeed.cell.knobs import parse_knobs, unsupported_reason
+from ptspeed.cell.profiling import read_trace
 from ptspeed.envs.venvs import lock_hash
 
 pytestmark = pytest.mark.workflow
@@ -106,6 +108,14 @@ def test_host_run_writes_tables_and_report(host_run: tuple[Path, Path]) -> None:
     assert (results / "report/index.html").stat().st_size > 0
     assert "Host eager → host compile" in report
     assert re.search(r"^\| mlp \| train \| 16 \|", report, re.MULTILINE), report
+    # Beside the speedup, where the time went and both sides' traces, each of which opens.
+    html = (results / "report/index.html").read_text()
+    links = re.findall(r'<a href="(\.\./traces/[^"]+)">(\w+) trace</a>', html)
+    assert [side for _, side in links] == ["baseline", "candidate"], links
+    for link, _ in links:
+        events = read_trace(str(results / "report" / link))["traceEvents"]
+        assert any(str(e.get("name", "")).startswith(STEP_ANNOTATION) for e in events), link
+    assert "ops per step" in row.breakdown
 
 
 @pytest.mark.slow

@@ -18,6 +18,11 @@ class BadInput(ValueError):
     """A user-supplied value is not acceptable; the message names the field and the options."""
 
 
+class InputError(ValueError):
+    """A result set that cannot be read or compared; the message names the path and the
+    problem."""
+
+
 class Unsupported(Exception):
     """This torch, device or model cannot run the cell; the message says why."""
 

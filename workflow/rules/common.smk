@@ -23,7 +23,7 @@ from ptspeed.envs.realise import Realisation
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.knobs import parse_knobs
 from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, wildcard_constraints
-from ptspeed.plan.layout import NUMBER
+from ptspeed.plan.layout import NUMBER, runs_csv_of
 from ptspeed.plan.matrix import (
     cell_command_line,
     cells,
@@ -96,6 +96,12 @@ except ConfigError as exc:
 
 wildcard_constraints:
     **wildcard_constraints(ENVIRONMENTS, PLATFORM_PLAN.names),
+
+
+def earlier_runs(wildcards):
+    """The runs table of the earlier run the report sets this one against ([]: none)."""
+    earlier = config["compare"]["earlier"]
+    return str(runs_csv_of(os.path.expanduser(earlier))) if earlier else []
 
 
 def record_paths(wildcards):

@@ -9,6 +9,7 @@ rule report:
         steps=rules.aggregate.output.steps,
         config=rules.effective_config.output,
         claims="config/claims.yaml",
+        earlier=earlier_runs,
     output:
         html=report(
             f"{RESULTS}/report/index.html",
@@ -24,8 +25,11 @@ rule report:
     params:
         python=HOST_PYTHON,
         out_dir=lambda wildcards, output: Path(output.html).parent,
+        earlier=lambda wildcards, input: (
+            f"--earlier {shlex.quote(input.earlier)}" if input.earlier else ""
+        ),
     shell:
         "{params.python} scripts/render_report.py --runs {input.runs:q} --summary {input.summary:q}"
         " --speedups {input.speedups:q} --steps {input.steps:q} --config {input.config:q}"
-        " --claims {input.claims:q}"
+        " --claims {input.claims:q} {params.earlier}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

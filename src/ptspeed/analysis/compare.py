@@ -69,7 +69,14 @@ from ptspeed.analysis.columns import (
 )
 from ptspeed.analysis.conditions import counted_in_speedups, probe_group, probe_s, settings
 from ptspeed.analysis.summary import status_counts
-from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, platform_directory, size_label
+from ptspeed.errors import InputError
+from ptspeed.plan.layout import (
+    PLACE_PATTERN,
+    SIZE_KEYS,
+    platform_directory,
+    runs_csv_of,
+    size_label,
+)
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
 DEFAULT_THRESHOLD = 0.05
@@ -102,27 +109,6 @@ COMPARE_COLUMNS = [
     "corrected_ratio",
     "change",
 ]
-
-
-class InputError(ValueError):
-    """A result set that cannot be compared; the message names the path and the problem."""
-
-
-# --- reading -------------------------------------------------------------------------------------
-
-
-def runs_csv_of(path: str | Path) -> Path:
-    """The runs table a path stands for: the file itself, or ``runs.csv`` or
-    ``tables/runs.csv`` in a directory (a results directory or its tables)."""
-    path = Path(path)
-    if path.is_file():
-        return path
-    if path.is_dir():
-        for candidate in (path / "runs.csv", path / "tables" / "runs.csv"):
-            if candidate.is_file():
-                return candidate
-        raise InputError(f"{path}: no runs.csv or tables/runs.csv in this directory")
-    raise InputError(f"{path}: no such file or directory")
 
 
 def read_runs(path: str | Path) -> pd.DataFrame:
@@ -587,7 +573,9 @@ def cell_label(row: Mapping[str, Any]) -> str:
 
 
 def _integer(value: Any) -> str:
-    return "?" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    """A size as the layout writes it: ``64``, also where the table holds it as 64.0."""
+    plain = _plain(value)
+    return "?" if plain is None else str(plain)
 
 
 def _rate(median: float, trials: int) -> str:

@@ -35,7 +35,8 @@ import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 from jsonschema.exceptions import best_match
 
-from ptspeed.errors import ConfigError
+from ptspeed.errors import ConfigError, InputError
+from ptspeed.plan.layout import runs_csv_of
 from ptspeed.plan.matrix import check_config
 
 __all__ = ["effective_config_json", "prepare_config", "schema_errors"]
@@ -286,6 +287,12 @@ def fill_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
 
 def _check_paths(config: Mapping[str, Any], project: Path) -> None:
     _check_output_directory("results", config["results"], project)
+    earlier = config["compare"]["earlier"]
+    if earlier:
+        try:
+            runs_csv_of(project / os.path.expanduser(earlier))
+        except InputError as error:
+            raise ConfigError(f"compare.earlier: {error}") from None
     _check_output_directory("env_cache", os.path.expanduser(config["env_cache"]), project)
     for name, env in config["environments"].items():
         requirements = env.get("requirements")

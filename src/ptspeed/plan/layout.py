@@ -18,10 +18,11 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 from ptspeed.cell.checks import MODES
+from ptspeed.errors import InputError
 from ptspeed.models import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
 
 DEVICE_CLASSES = ("cpu", "cuda")
@@ -40,6 +41,7 @@ CELL_PATTERN = f"{PLACE_PATTERN}/trial{{trial}}"
 RECORD_PATTERN = f"{RECORDS}/{CELL_PATTERN}.json"
 # The trace of a cell's profiled steps (its first trial's), gzipped Chrome trace JSON.
 TRACES = "traces"
+TABLES = "tables"
 TRACE_PATTERN = f"{TRACES}/{PLACE_PATTERN}.json.gz"
 
 
@@ -106,6 +108,20 @@ class Cell:
         if trial is None or parse_size_label(size) is None:
             return None
         return cls(env, model, variant, mode, size, int(trial[1]), platform)
+
+
+def runs_csv_of(path: str | PurePath) -> Path:
+    """The runs table a path stands for: the file itself, or ``runs.csv`` or
+    ``tables/runs.csv`` in a directory (a results directory or its tables)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        for candidate in (path / "runs.csv", path / TABLES / "runs.csv"):
+            if candidate.is_file():
+                return candidate
+        raise InputError(f"{path}: no runs.csv or {TABLES}/runs.csv in this directory")
+    raise InputError(f"{path}: no such file or directory")
 
 
 def platform_directory(platform: str) -> str:

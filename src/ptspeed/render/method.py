@@ -242,6 +242,15 @@ def method_section(inputs: ReportInputs) -> Section:
             "several platforms submits each cell only where it can run",
         ],
         ["where the time went", PROFILING_METHOD],
+        [
+            "against an earlier run",
+            "scripts/compare.py's rule (compare.earlier): per cell the Hodges–Lehmann ratio new "
+            "/ old with its exact interval and the Mann–Whitney test, and the machine's ratio "
+            "from the probes of the same trials; a cell is slower (faster) only when the change "
+            "is significant, its ratio and its ratio / machine are beyond compare.min_effect, "
+            "its interval lies wholly below (above) both 1 and the machine's interval, and its "
+            "windows last conditions.min_window_s or more",
+        ],
         ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
     ]
     rows = [{"name": name, "value": value} for name, value in pairs]

@@ -46,6 +46,7 @@ class ReportInputs:
     config: Mapping[str, Any]
     claims: Mapping[str, Any]
     steps: pd.DataFrame | None = None
+    earlier: pd.DataFrame | None = None  # an earlier run's runs table (compare.earlier)
 
 
 def chart_block(draw: Callable[[], Chart | None], heading: str, nothing: str) -> Block:

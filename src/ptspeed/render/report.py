@@ -39,12 +39,14 @@ def render(
     out_dir: str | Path,
     templates_dir: str | Path | None = None,
     steps: pd.DataFrame | None = None,
+    earlier: pd.DataFrame | None = None,
 ) -> list[Path]:
     """Write ``index.html`` and ``report.md`` into ``out_dir``; return their paths.
 
     ``steps`` (the per-step table) feeds the step-time figure; without it the figure is
-    replaced by a note. Raises ValueError when a table lacks a column the report shows (extra
-    columns are fine).
+    replaced by a note. ``earlier`` (an earlier run's runs table, ``compare.earlier``) adds the
+    section that sets this run against it. Raises ValueError when a table lacks a column the
+    report shows (extra columns are fine).
     """
     check_columns(runs, RUNS_COLUMNS, "runs")
     check_columns(summary, SUMMARY_COLUMNS, "summary")
@@ -52,7 +54,7 @@ def render(
     if steps is not None:
         check_columns(steps, STEPS_COLUMNS, "steps")
     environment = template_environment(templates_dir)
-    inputs = ReportInputs(runs, summary, speedups, config, claims, steps)
+    inputs = ReportInputs(runs, summary, speedups, config, claims, steps, earlier)
     sections = build_sections(inputs)
     warning = mostly_perturbed(runs)
     outputs = {"index.html": HTML_TEMPLATE, "report.md": MARKDOWN_TEMPLATE}

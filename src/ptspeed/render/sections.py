@@ -18,6 +18,15 @@ import pandas as pd
 
 from ptspeed.analysis import breakdown
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
+from ptspeed.analysis.compare import (
+    DEFAULT_THRESHOLD,
+    DISPLAY_HEADERS,
+    compare_runs,
+    display_rows,
+    machine_changes,
+    machine_lines,
+    verdict_line,
+)
 from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
@@ -46,8 +55,10 @@ from ptspeed.render.tables import (
     RETRIED_TABLE,
     SEED_TABLE,
     SUMMARY_TABLE,
+    Column,
     Table,
     compiler_counts,
+    given,
     rows_by_platform,
     seed_table_by_platform,
     version_columns,
@@ -188,6 +199,52 @@ def _claim_row(name: str, group: Mapping[str, Any], rows: pd.DataFrame) -> dict[
     )
     shown = {key: group.get(key) for key in ("source", "device", "precision")}
     return {"claim": name, **shown, "comparisons": comparisons, "verdicts": verdicts}
+
+
+def earlier_section(inputs: ReportInputs) -> Section | None:
+    """This run against an earlier one (``compare.earlier``) by scripts/compare.py's rule: the
+    machine first, then every cell; None without an earlier run."""
+    earlier = inputs.earlier
+    if earlier is None:
+        return None
+    conditions = settings(inputs.config)
+    keep = bool(conditions["keep_perturbed"])
+    compare = inputs.config.get("compare") or {}
+    min_effect = float(compare.get("min_effect", DEFAULT_THRESHOLD))
+    compared = compare_runs(
+        earlier, inputs.runs, min_effect, keep, float(conditions["min_window_s"])
+    )
+    machine = [
+        Block(note=line) for line in machine_lines(machine_changes(earlier, inputs.runs, keep))
+    ]
+    headers = ["mark", *DISPLAY_HEADERS[1:]]
+    rows = [dict(zip(headers, cells, strict=True)) for cells in display_rows(compared)]
+    columns = [
+        Column(
+            header,
+            given(header),
+            align="right" if "samples/s" in header or header in ("p", "/ machine") else "left",
+            wrap=header in ("change", DISPLAY_HEADERS[3]),
+        )
+        for header in headers
+    ]
+    return Section(
+        id="earlier",
+        title="Against an earlier run",
+        intro=(
+            f"Each cell of this run (new) against {compare.get('earlier') or 'an earlier run'} "
+            "(old), "
+            f"as scripts/compare.py sets them: - slower, + faster beyond the machine's own "
+            f"change and {min_effect:.0%}, x not comparable (rule: Method)."
+        ),
+        blocks=[
+            *machine,
+            Block(
+                table=Table.of(columns, rows),
+                footnote=verdict_line(compared),
+            ),
+        ],
+    )
 
 
 def versions_section(inputs: ReportInputs) -> Section | None:
@@ -371,6 +428,7 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
 SECTION_BUILDERS: list[Callable[[ReportInputs], Section | None]] = [
     seed_section,
     claims_section,
+    earlier_section,
     versions_section,
     summary_section,
     timing_section,
