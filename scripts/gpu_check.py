@@ -67,12 +67,13 @@ class CheckedPath:
     mode: str = "train"
     seq_len: int = 32
     gpus: int = 1  # GPUs it needs (2-process NCCL, two stages): left out on a smaller node
+    profiled: int = 0  # steps run under torch.profiler after the window (the workflow's 3)
 
 
 # In the order they run: when --budget-s runs out, the paths left are the least telling.
 PATHS = (
-    CheckedPath("eager", "mlp", "eager"),
-    CheckedPath("compile", "mlp", "compile"),
+    CheckedPath("eager", "mlp", "eager", profiled=3),
+    CheckedPath("compile", "mlp", "compile", profiled=3),
     # Logits of 16 x 32 x 50257 = 25.7 M elements, past 2**24: the numerics gate's output
     # sample of an infer cell once indexed past the end there (a device-side assert).
     CheckedPath("infer compile, big output", "gpt2-tiny", "compile", mode="infer"),
@@ -134,6 +135,7 @@ class Outcome:
     record: str
     late: str = ""
     telemetry: str = ""  # on CUDA: the in-window NVML samples and energy, or what is missing
+    profile: str = ""  # a profiled path's breakdown: timeline, step, kernels, idle, sum error
     perturbed: str = ""  # why aggregation judged the trial perturbed ('' for quiet)
     complaint: str = ""  # on CUDA, a fault-free ok path without telemetry or not quiet
 
@@ -222,6 +224,9 @@ def run_path(
         batch_size=path.batch_size, image_size=path.image_size, seq_len=path.seq_len, env=env,
         device=device, timeout_s=timeout_s, fault=path.fault, **STEPS,
         compiler_cache=str(out_dir / "compiler" / env / slug(path.name)), compiler_cache_cold=True,
+        profile_steps=path.profiled,
+        profile_trace=str(out_dir / "traces" / env / f"{slug(path.name)}.json.gz")
+        if path.profiled else "",
     )  # fmt: skip
     command = [python, "-m", "ptspeed", "cell", *to_arguments(spec), "--out", str(record_path)]
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -254,7 +259,34 @@ def outcome_of(
     outcome.telemetry, missing = telemetry_of(record)
     if record.cell.device.startswith("cuda") and record.status == "ok" and missing:
         outcome.complaint = f"no in-window telemetry: {missing}"
+    if path.profiled and record.status == "ok":
+        outcome.profile, wrong = profile_of(record)
+        outcome.complaint = "; ".join(c for c in (outcome.complaint, wrong) if c)
     return outcome
+
+
+def profile_of(record: Record) -> tuple[str, str]:
+    """(a profiled path's breakdown in a line, what is wrong with it: '' when nothing). On
+    CUDA the breakdown is of the GPU's timeline, with its idle time, and the kinds sum to the
+    step; on the CPU of the stepping thread's."""
+    profile = record.profile
+    if not profile.profiled:
+        return f"not profiled: {profile.reason}", f"not profiled: {profile.reason}"
+    step = profile.step_time_s or 0.0
+    idle = profile.time_by_kind_s.get("idle", 0.0) / step if step else 0.0
+    counted = "kernels" if profile.timeline == "gpu" else "ops"
+    line = (
+        f"{profile.timeline} {step * 1e3:.2f} ms/step, {profile.kernels_per_step or 0:.0f} "
+        f"{counted}/step, idle {idle:.0%}, sum error {profile.sum_error or 0:+.1%}"
+    )
+    wrong = []
+    if record.cell.device.startswith("cuda") and profile.timeline != "gpu":
+        wrong.append(f"the breakdown is of the {profile.timeline or '?'} timeline, not the GPU's")
+    if not profile.sums:
+        wrong.append(f"the kinds miss the step time by {profile.sum_error or 0:+.1%}")
+    if not profile.trace or not Path(profile.trace).is_file():
+        wrong.append("no trace kept")
+    return line, "; ".join(wrong)
 
 
 def telemetry_of(record: Record) -> tuple[str, str]:
@@ -272,8 +304,18 @@ def telemetry_of(record: Record) -> tuple[str, str]:
         missing.append(f"GPU samples ({conditions.gpu_source or 'none'}, {conditions.gpu_samples})")
     if conditions.energy_j is None:
         missing.append("energy")
+    if conditions.probe_gpu_gemm_s_before is None or conditions.probe_gpu_gemm_s_after is None:
+        missing.append("the GPU's machine-speed probe")
     clocks = f"SM {conditions.gpu_sm_mhz_median or 0:.0f} MHz"
-    return f"{conditions.gpu_samples} samples, {clocks}, {energy}", ", ".join(missing)
+    probe = (
+        f"probe {conditions.probe_gpu_gemm_s_before * 1e3:.1f}/"
+        f"{conditions.probe_gpu_gemm_s_after * 1e3:.1f} ms at "
+        f"{conditions.probe_gpu_sm_mhz_after or 0:.0f} MHz"
+        if conditions.probe_gpu_gemm_s_before is not None
+        and conditions.probe_gpu_gemm_s_after is not None
+        else "no probe"
+    )
+    return f"{conditions.gpu_samples} samples, {clocks}, {energy}, {probe}", ", ".join(missing)
 
 
 def check_with_aggregation(outcomes: list[Outcome], quiet_required: bool = False) -> None:
@@ -325,7 +367,9 @@ def print_table(outcomes: list[Outcome]) -> None:
     print("-" * len(header))
     for o in outcomes:
         mark = "" if o.as_expected or o.status == NOT_RUN else "   <-- unexpected"
-        detail = o.reason if o.status == NOT_RUN else o.telemetry
+        detail = (
+            o.reason if o.status == NOT_RUN else "; ".join(filter(None, [o.telemetry, o.profile]))
+        )
         print(
             f"{o.env:<11} {o.torch:<13} {o.path:<26} {o.status:<18} {o.expected:<18} "
             f"{o.seconds:5.0f}  {o.late.split(':')[0]:<12} {o.numerics:<26} {detail}{mark}"

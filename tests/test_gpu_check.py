@@ -129,6 +129,8 @@ def test_its_cpu_half_ends_each_kind_of_path_as_expected(tmp_path: Path) -> None
         "gate: wrong gradients": ("numerics_mismatch", ""),
         "gate: skipped step": ("numerics_mismatch", ""),
     }
+    profiled = {o["path"]: o["profile"] for o in summary["outcomes"] if o["profile"]}
+    assert list(profiled) == ["eager"] and profiled["eager"].startswith("cpu "), profiled
 
 
 def test_inside_an_image_on_a_gpu_the_driver_must_link_for_triton(
@@ -165,21 +167,54 @@ def test_the_budget_and_the_nodes_gpus_leave_paths_out_listed(
 
 
 def test_a_cuda_trial_without_in_window_telemetry_is_unexpected() -> None:
-    """On a GPU every ok trial must carry NVML's in-window samples and the window's energy."""
+    """On a GPU every ok trial must carry NVML's in-window samples, the window's energy and
+    the GPU's machine-speed probe."""
     record = make_record("torch-2.0", "gpt2", "eager", 0, "ok", 100.0)
     record.cell.device = "cuda"
-    path = gpu_check.PATHS[0]
+    path = next(p for p in gpu_check.PATHS if p.name == "amp fp16")
     bare = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
     assert not bare.as_expected
-    assert bare.complaint == "no in-window telemetry: GPU samples (none, 0), energy"
+    assert bare.complaint == (
+        "no in-window telemetry: GPU samples (none, 0), energy, the GPU's machine-speed probe"
+    )
     conditions = record.conditions
     conditions.gpu_source, conditions.gpu_samples, conditions.gpu_sm_mhz_median = "nvml", 9, 1980.0
     conditions.energy_j, conditions.energy_source = 35.0, "nvml"
+    conditions.probe_gpu_gemm_s_before, conditions.probe_gpu_gemm_s_after = 0.0121, 0.0123
+    conditions.probe_gpu_sm_mhz_after = 1980.0
     sampled = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
-    assert sampled.as_expected and sampled.telemetry == "9 samples, SM 1980 MHz, 35.0 J (nvml)"
+    assert sampled.as_expected, sampled.complaint
+    assert (
+        sampled.telemetry == "9 samples, SM 1980 MHz, 35.0 J (nvml), probe 12.1/12.3 ms at 1980 MHz"
+    )
     record.cell.device = "cpu"
     on_cpu = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
     assert on_cpu.as_expected  # the CPU's energy is reported where RAPL is readable, not required
+
+
+def test_a_profiled_cuda_path_must_break_the_gpus_time_down_and_keep_its_trace(
+    tmp_path: Path,
+) -> None:
+    record = make_record("torch-2.0", "gpt2", "eager", 0, "ok", 100.0)
+    path = gpu_check.PATHS[0]
+    assert path.name == "eager" and path.profiled
+    unprofiled = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
+    assert unprofiled.complaint.startswith("not profiled")
+    trace = tmp_path / "eager.json.gz"
+    trace.write_bytes(b"")
+    record.cell.device = "cuda"
+    profile = record.profile
+    profile.profiled, profile.timeline, profile.step_time_s = True, "cpu", 0.004
+    profile.time_by_kind_s = {"matmul": 0.001, "idle": 0.003}
+    profile.sum_error, profile.sums, profile.kernels_per_step = 0.0, True, 12.0
+    profile.trace = str(trace)
+    wrong = gpu_check.profile_of(record)[1]
+    assert wrong == "the breakdown is of the cpu timeline, not the GPU's"
+    profile.timeline = "gpu"
+    line, wrong = gpu_check.profile_of(record)
+    assert (line, wrong) == ("gpu 4.00 ms/step, 12 kernels/step, idle 75%, sum error +0.0%", "")
+    profile.sums, profile.sum_error = False, 0.03
+    assert gpu_check.profile_of(record)[1] == "the kinds miss the step time by +3.0%"
 
 
 @pytest.mark.slow
