@@ -9,6 +9,7 @@ import math
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from helpers import TABLE_NAMES, aggregate_cli, benchmark_python, fixture_paths, render_tables
@@ -27,6 +28,8 @@ from ptspeed.cell.breakdown import (
 from ptspeed.cell.harness import run_cell
 from ptspeed.cell.record import CellSpec
 from ptspeed.launch.watchdog import run_cell_in_worker
+from ptspeed.plan.layout import Cell
+from ptspeed.plan.matrix import profiled_steps
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
 
@@ -285,6 +288,37 @@ def test_the_sentence_is_empty_without_both_sides_and_says_when_timelines_differ
     assert tables.explain({}, _side(1.0, 1)) == ""
     gpu = {**_side(1.0, 1), "timeline": "gpu"}
     assert "not comparable" in tables.explain(_side(1.0, 1), gpu)
+
+
+def test_the_breakdown_comes_from_a_quiet_trial_and_says_when_there_was_none() -> None:
+    quiet_profile = {"profiled": True, "timeline": "cpu", "step_time_s": 0.01,
+                     "time_by_kind_s": {"matmul": 0.01}}  # fmt: skip
+    loaded = tables.run_columns(
+        {**quiet_profile, "step_time_s": 0.05, "time_by_kind_s": {"matmul": 0.05}}
+    )
+    quiet = tables.run_columns(quiet_profile)
+    trials = {column: [loaded[column], quiet[column]] for column in tables.RUN_COLUMNS}
+    # Trial 0 profiled on a loaded machine; its rerun (trial 5) profiled quietly.
+    chosen = tables.summarise({**trials, "perturbed": [True, False]}, [True, True])
+    assert chosen["profile_step_s"] == 0.01 and not chosen["profile_notes"]
+    only_loaded = tables.summarise({**trials, "perturbed": [True, pd.NA]}, [True, False])
+    assert only_loaded["profile_step_s"] == 0.05
+    assert only_loaded["profile_notes"] == tables.PERTURBED_NOTE
+    side = tables.side(tables.side_columns("baseline", only_loaded), "baseline_")
+    assert side["perturbed"]
+    sentence = tables.explain(side, {**_side(10.0, 1, matmul=10.0), "perturbed": False})
+    assert sentence.endswith("; baseline profiled on a perturbed trial (times inflated)")
+
+
+def test_the_first_trial_and_its_reruns_profile_and_no_other() -> None:
+    config = {"steps": {"profiled": 3}, "trials": 5, "results": "results"}
+    profiled = {
+        trial: profiled_steps(config, Cell("host", "mlp", "eager", "train", "b16", trial=trial))
+        for trial in (0, 1, 4, 5, 6, 10)
+    }
+    assert [trial for trial, fields in profiled.items() if fields] == [0, 5, 10]
+    assert profiled[0] == profiled[5]  # one trace per cell: a rerun's replaces the first's
+    assert profiled[0]["profile_trace"].startswith("results/traces/host/mlp/eager/train/")
 
 
 def test_a_record_profile_becomes_runs_summary_and_speedup_columns() -> None:

@@ -61,12 +61,15 @@ SUMMARY_COLUMNS = [
 ]
 SUMMARY_INPUTS = [*RUN_COLUMNS]
 # What each side of a speedup carries, and the sentence that compares them.
-SIDE_COLUMNS = ["profile_timeline", "profile_step_s", *KIND_COLUMNS, *COUNT_COLUMNS, "trace"]
-SIDE_TEXT_COLUMNS = ("profile_timeline", "trace")
+SIDE_COLUMNS = [
+    "profile_timeline", "profile_step_s", *KIND_COLUMNS, *COUNT_COLUMNS, "trace", "profile_notes",
+]  # fmt: skip
+SIDE_TEXT_COLUMNS = ("profile_timeline", "trace", "profile_notes")
 SENTENCE = "breakdown"
 # Kinds the sentence names at most, and the smallest change it names (a share of the step).
 NAMED_KINDS = 3
 SMALLEST_NAMED_SHARE = 0.02
+PERTURBED_NOTE = "profiled in a trial judged perturbed: its times are a loaded machine's"
 TOLERANCE_NOTE = f"the kinds sum to the profiled step time within {SUM_TOLERANCE:.0%}"
 
 
@@ -93,11 +96,16 @@ def run_columns(profile: Any) -> dict[str, Any]:
 
 
 def summarise(trials: Mapping[str, Any], ok: Any) -> dict[str, Any]:
-    """A cell's summary columns: the medians over its ok trials that were profiled."""
-    profiled = [
-        type(flag).__name__ in ("bool", "bool_") and bool(flag) for flag in trials["profiled"]
+    """A cell's summary columns: the medians over its ok trials that were profiled and not
+    judged perturbed; where every profiled trial ran perturbed, over those, saying so in
+    ``profile_notes`` (their times are a loaded machine's)."""
+    profiled = [_is_true(flag) for flag in trials["profiled"]]
+    perturbed = [_is_true(flag) for flag in trials.get("perturbed", [False] * len(profiled))]
+    candidates = [
+        i for i, (good, flag) in enumerate(zip(ok, profiled, strict=True)) if good and flag
     ]
-    chosen = [i for i, (good, flag) in enumerate(zip(ok, profiled, strict=True)) if good and flag]
+    quiet = [i for i in candidates if not perturbed[i]]
+    chosen = quiet or candidates
     if not chosen:
         return {
             column: ("" if column in SUMMARY_TEXT_COLUMNS else math.nan)
@@ -108,7 +116,14 @@ def summarise(trials: Mapping[str, Any], ok: Any) -> dict[str, Any]:
     texts = {
         column: _first_text(trials[column][i] for i in chosen) for column in SUMMARY_TEXT_COLUMNS
     }
+    if not quiet:
+        texts["profile_notes"] = "; ".join(filter(None, [PERTURBED_NOTE, texts["profile_notes"]]))
     return {"profiled_trials": len(chosen), **row, **texts}
+
+
+def _is_true(flag: Any) -> bool:
+    """A flag of the runs table (a bool, numpy's, or a nullable boolean's NA) that is True."""
+    return type(flag).__name__ in ("bool", "bool_") and bool(flag)
 
 
 def side_columns(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -145,6 +160,7 @@ def side(row: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         "kernels": _number(row.get(f"{prefix}kernels_per_step")),
         "copies": _number(row.get(f"{prefix}copies_per_step")),
         "trace": str(row.get(f"{prefix}trace") or ""),
+        "perturbed": PERTURBED_NOTE in str(row.get(f"{prefix}profile_notes") or ""),
     }
 
 
@@ -177,6 +193,11 @@ def explain(base: Mapping[str, Any], cand: Mapping[str, Any]) -> str:
     counted = "kernels" if base["timeline"] == "gpu" else "ops"
     if base["kernels"] is not None and cand["kernels"] is not None:
         parts.append(f"{counted} per step {_count(base['kernels'])} → {_count(cand['kernels'])}")
+    loaded = [
+        name for name, side in (("baseline", base), ("candidate", cand)) if side.get("perturbed")
+    ]
+    if loaded:
+        parts.append(f"{' and '.join(loaded)} profiled on a perturbed trial (times inflated)")
     return "; ".join(parts)
 
 

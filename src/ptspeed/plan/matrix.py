@@ -115,15 +115,18 @@ def cell_spec(
         # trials (which wait for it, rule cell) warm.
         compiler_cache=f"{config['results']}/cache/compiler/{cell.key}" if compiles else "",
         compiler_cache_cold=compiles and cell.trial == 0,
-        # The first trial alone runs a few profiled steps after its window (where the time goes).
+        # The first trial (and its reruns) alone runs a few profiled steps after its window.
         **profiled_steps(config, cell),
     )
 
 
 def profiled_steps(config: Mapping[str, Any], cell: Cell) -> dict[str, Any]:
     """The profiling fields of ``cell``'s spec: its first trial profiles ``steps.profiled``
-    steps and keeps the trace at ``<results>/traces/<cell key>.json.gz``; other trials none."""
-    steps = config["steps"].get("profiled", 0) if cell.trial == 0 else 0
+    steps and keeps the trace at ``<results>/traces/<cell key>.json.gz``; other trials none.
+    A rerun of the first trial (trial ``trials``, ``2 × trials``, …: it ran perturbed) profiles
+    again, over the same trace, so that the breakdown can come from a quiet trial."""
+    first = cell.trial % config["trials"] == 0
+    steps = config["steps"].get("profiled", 0) if first else 0
     if not steps:
         return {}
     return {"profile_steps": steps, "profile_trace": f"{config['results']}/{cell.trace}"}
