@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from ptspeed.cell import hostenv  # noqa: E402
 from ptspeed.cell.arguments import to_arguments  # noqa: E402
-from ptspeed.cell.knobs import parse_knobs, unsupported_for_model  # noqa: E402
 from ptspeed.cell.record import CellSpec, Record, read_record  # noqa: E402
+from ptspeed.cell.variants.knobs import parse_knobs, unsupported_for_model  # noqa: E402
 from ptspeed.envs.venvs import venv_dir, venv_python  # noqa: E402
 from ptspeed.launch.gpus import node_pool  # noqa: E402
 from ptspeed.models import get_model  # noqa: E402

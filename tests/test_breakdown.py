@@ -16,8 +16,9 @@ from helpers import TABLE_NAMES, aggregate_cli, benchmark_python, fixture_paths,
 
 from ptspeed.analysis import breakdown as tables
 from ptspeed.analysis.columns import read_table
-from ptspeed.cell import profiling
-from ptspeed.cell.breakdown import (
+from ptspeed.cell.harness import run_cell
+from ptspeed.cell.measurement import profiling
+from ptspeed.cell.measurement.breakdown import (
     KINDS,
     STEP_ANNOTATION,
     SUM_TOLERANCE,
@@ -25,7 +26,6 @@ from ptspeed.cell.breakdown import (
     classify_kernel,
     classify_op,
 )
-from ptspeed.cell.harness import run_cell
 from ptspeed.cell.record import CellSpec
 from ptspeed.launch.watchdog import run_cell_in_worker
 from ptspeed.plan.layout import Cell

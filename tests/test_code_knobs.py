@@ -25,8 +25,8 @@ from transformers.utils import is_torch_sdpa_available
 from ptspeed.cell import steps
 from ptspeed.cell.device import torch_version
 from ptspeed.cell.harness import run_cell
-from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import Record
+from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.launch.watchdog import run_cell_in_worker
 from ptspeed.models import Batch
 from ptspeed.plan.config import ConfigError, prepare_config

@@ -1,4 +1,4 @@
-"""Perturbed trials: each trial's conditions (cell/conditions.py), their judgement
+"""Perturbed trials: each trial's conditions (cell/measurement/conditions.py), their judgement
 (analysis/conditions.py), and a real run that a CPU burner perturbs on purpose.
 
 The real run: the workflow on two host environments x mlp x 4 trials, with a noisy neighbour
@@ -33,8 +33,8 @@ from ptspeed.analysis.conditions import (
     settings,
 )
 from ptspeed.analysis.reruns import rerun_columns, rerun_count, reruns_due, trial_limit
-from ptspeed.cell import conditions
 from ptspeed.cell.faults import FAULTS_VARIABLE, NEIGHBOUR
+from ptspeed.cell.measurement import conditions
 from ptspeed.cell.record import Conditions
 from ptspeed.plan.config import fill_defaults, load_schema
 
@@ -48,7 +48,7 @@ from ptspeed.plan.config import fill_defaults, load_schema
 CELL = r"""
 import dataclasses, json, subprocess, sys, time, types
 
-from ptspeed.cell import conditions
+from ptspeed.cell.measurement import conditions
 
 CPU = types.SimpleNamespace(type="cpu")  # for torch.device("cpu"): begin reads only its type
 

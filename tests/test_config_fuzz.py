@@ -407,7 +407,8 @@ def test_every_cell_of_an_accepted_config_runs(config: dict[str, Any]) -> None:
 
 
 def test_numerics_may_exceed_warmup() -> None:
-    # The cell lengthens its warm-up to hold the check steps (ptspeed.cell.warmup.WarmupPlan).
+    # The cell lengthens its warm-up to hold the check steps
+    # (ptspeed.cell.measurement.warmup.WarmupPlan).
     prepare(changed("steps", {"warmup": 1, "numerics": 2}))
 
 

@@ -22,11 +22,11 @@ import torch
 from helpers import benchmark_python, with_sources
 
 from ptspeed.cell.checks import check_cell
-from ptspeed.cell.distributed import Rank
 from ptspeed.cell.faults import SLOW_SAMPLING_S
 from ptspeed.cell.harness import run_cell
-from ptspeed.cell.knobs import parse_knobs, threads_per_process, unsupported_reason
+from ptspeed.cell.parallelism.distributed import Rank
 from ptspeed.cell.record import CellSpec, Record
+from ptspeed.cell.variants.knobs import parse_knobs, threads_per_process, unsupported_reason
 from ptspeed.errors import BadInput
 from ptspeed.launch.torchrun import (
     launcher_failures,

@@ -21,8 +21,8 @@ from helpers import (
     tiny_cell,
 )
 
-from ptspeed.cell import timing
 from ptspeed.cell.harness import GATE_IN_FIRST_TRIAL, run_cell
+from ptspeed.cell.measurement import timing
 from ptspeed.cell.record import Record
 from ptspeed.models import REGISTRY
 

@@ -39,8 +39,8 @@ ALLOWED_PARTS = {
 # Third-party packages each part may import: the cell side finds only torch (and the model
 # libraries) in a benchmark environment.
 ALLOWED_THIRD_PARTY = {
-    # pynvml: optional, imported inside a try (cell/conditions.py reads the GPU's state with it
-    # where a benchmark environment has it, else through nvidia-smi).
+    # pynvml: optional, imported inside a try (cell/measurement/conditions.py reads the GPU's
+    # state with it where a benchmark environment has it, else through nvidia-smi).
     "cell": {"torch", "pynvml"},
     "models": {"torch", "torchvision", "transformers"},
     "launch": set(),

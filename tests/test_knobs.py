@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptspeed.cell.knobs import (
+from ptspeed.cell.variants.knobs import (
     AMP_DTYPES,
     ATTENTION_IMPLEMENTATIONS,
     COMPILE_MODES,

@@ -14,13 +14,14 @@ import pytest
 import torch
 from helpers import TINY_FIELDS, tiny_cell
 
-from ptspeed.cell import device, harness, numerics, provenance, reference, warmup
+from ptspeed.cell import device, harness, provenance
 from ptspeed.cell.device import resolve_device, use_compiler_cache
 from ptspeed.cell.harness import cell_precision, run_cell, runs_cudnn
-from ptspeed.cell.knobs import parse_knobs, unsupported_reason
+from ptspeed.cell.measurement import numerics, reference, warmup
+from ptspeed.cell.measurement.warmup import WarmupPlan
 from ptspeed.cell.record import CellSpec
 from ptspeed.cell.steps import Step, build_model
-from ptspeed.cell.warmup import WarmupPlan
+from ptspeed.cell.variants.knobs import parse_knobs, unsupported_reason
 from ptspeed.errors import BadInput, Unsupported
 from ptspeed.models import Sizes, get_model
 

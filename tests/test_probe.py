@@ -29,8 +29,8 @@ from ptspeed.analysis.compare import (
     machine_lines,
 )
 from ptspeed.analysis.conditions import judge_runs, perturbed_counts, probe_s
-from ptspeed.cell import probe
 from ptspeed.cell.faults import FAULTS_VARIABLE, SLOW_MACHINE, SLOW_STEP
+from ptspeed.cell.measurement import probe
 from ptspeed.cell.record import Conditions
 
 

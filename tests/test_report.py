@@ -42,7 +42,7 @@ from ptspeed.analysis.columns import (
 from ptspeed.analysis.late_numerics import LATE_TOLERANCES
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import summary_table
-from ptspeed.cell.numerics import TOLERANCES
+from ptspeed.cell.measurement.numerics import TOLERANCES
 from ptspeed.cell.record import write_record
 from ptspeed.render import figures
 from ptspeed.render.formatting import (

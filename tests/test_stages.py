@@ -16,10 +16,15 @@ from helpers import benchmark_python, tiny_cell
 
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.harness import run_cell
-from ptspeed.cell.knobs import parse_knobs, unsupported_reason
-from ptspeed.cell.microbatch import micro_batched, split, weights
+from ptspeed.cell.parallelism.microbatch import micro_batched, split, weights
+from ptspeed.cell.parallelism.stages import (
+    balanced_split,
+    describe_split,
+    parameter_count,
+    staged_layers,
+)
 from ptspeed.cell.record import CellSpec, Record
-from ptspeed.cell.stages import balanced_split, describe_split, parameter_count, staged_layers
+from ptspeed.cell.variants.knobs import parse_knobs, unsupported_reason
 from ptspeed.errors import BadInput, Unsupported
 from ptspeed.launch.watchdog import run_cell_in_worker
 from ptspeed.launch.worker import placement_of

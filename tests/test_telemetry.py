@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, with_sources
 
-from ptspeed.cell import telemetry
+from ptspeed.cell.measurement import telemetry
 
 FAKE_NVML = ROOT / "tests/fixtures/fake-nvml/nvml.c"
 WINDOW = """
 import dataclasses, json, time, torch
-from ptspeed.cell import conditions
+from ptspeed.cell.measurement import conditions
 window = conditions.begin(torch.device(DEVICE))
 time.sleep(0.5)
 print(json.dumps(dataclasses.asdict(window.end())))

@@ -12,7 +12,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptspeed.cell.timing import CpuTimer, CudaTimer, TimingResult, percentile, timed_loop
+from ptspeed.cell.measurement.timing import (
+    CpuTimer,
+    CudaTimer,
+    TimingResult,
+    percentile,
+    timed_loop,
+)
 
 BUSY_STEP_S = 0.020
 BUSY_TOLERANCE = 0.25

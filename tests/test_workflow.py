@@ -31,9 +31,9 @@ from helpers import (
     write_config,
 )
 
-from ptspeed.cell.breakdown import STEP_ANNOTATION
-from ptspeed.cell.knobs import parse_knobs, unsupported_reason
-from ptspeed.cell.profiling import read_trace
+from ptspeed.cell.measurement.breakdown import STEP_ANNOTATION
+from ptspeed.cell.measurement.profiling import read_trace
+from ptspeed.cell.variants.knobs import parse_knobs, unsupported_reason
 from ptspeed.envs.venvs import lock_hash
 
 pytestmark = pytest.mark.workflow

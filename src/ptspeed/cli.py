@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from ptspeed.cell import knobs as knobs_module
 from ptspeed.cell.arguments import add_arguments, spec_of
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.faults import FAULTS_VARIABLE, fault_from_environment, fault_of_attempt
-from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.provenance import collect_base
 from ptspeed.cell.record import CellSpec, Record, utc_now, write_record
 from ptspeed.cell.schema import json_schema
+from ptspeed.cell.variants import knobs as knobs_module
+from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.errors import BadInput, GpuRequestError, WriteFailed
 from ptspeed.launch.gpus import gpu_environment
 from ptspeed.models import REGISTRY

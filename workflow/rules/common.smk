@@ -21,7 +21,7 @@ from ptspeed.envs.containers import check_container_config
 from ptspeed.envs.gpu_code import environment_codes, environment_record_path
 from ptspeed.envs.realise import Realisation
 from ptspeed.launch.gpus import check_variant_gpus
-from ptspeed.cell.knobs import parse_knobs
+from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, wildcard_constraints
 from ptspeed.plan.layout import NUMBER, runs_csv_of
 from ptspeed.plan.matrix import (

@@ -1,11 +1,11 @@
 """Where each step's time goes, in the tables: the profiled steps' time by kind of work.
 
 Owns the breakdown's columns in the runs table (:data:`RUN_COLUMNS`: a record's ``profile``
-flattened, one ``time_<kind>_s`` column per kind of :data:`ptspeed.cell.breakdown.KINDS`), in
-the summary (:data:`SUMMARY_COLUMNS`: the median of each over the cell's profiled ok trials;
-the workflow profiles the first trial only, so its values) and in the speedups
-(:func:`side_columns`: each side's, and :data:`SENTENCE`, the sentence that names the biggest
-changes, :func:`explain`). Pure; no torch.
+flattened, one ``time_<kind>_s`` column per kind of
+:data:`ptspeed.cell.measurement.breakdown.KINDS`), in the summary (:data:`SUMMARY_COLUMNS`: the
+median of each over the cell's profiled ok trials; the workflow profiles the first trial only, so
+its values) and in the speedups (:func:`side_columns`: each side's, and :data:`SENTENCE`, the
+sentence that names the biggest changes, :func:`explain`). Pure; no torch.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ptspeed.cell.breakdown import KINDS, SUM_TOLERANCE
+from ptspeed.cell.measurement.breakdown import KINDS, SUM_TOLERANCE
 
 KIND_COLUMNS = [f"time_{kind}_s" for kind in KINDS]
 KIND_LABELS = {

@@ -109,7 +109,7 @@ RUNS_COLUMNS = [
 ]
 
 CELL_KEYS = ["platform", "env", "model", "variant", "mode", "batch_size", "image_size", "seq_len"]
-# What torch.compile did in a cell (ptspeed.cell.compiler), as the summary carries it: the
+# What torch.compile did in a cell (ptspeed.cell.variants.compiler), as the summary carries it: the
 # median of each count over the cell's ok trials (blank where no trial counted: cells that do
 # not compile) and its first graph-break reasons; the speedups carry each side's.
 COMPILER_COUNTS = ["compiled_graphs", "graph_breaks", "recompilations"]

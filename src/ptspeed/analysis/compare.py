@@ -16,9 +16,9 @@ drop exceeds the threshold, so that noise alone does not fail a CI job. Trials j
 (``perturbed`` in runs.csv) are left out unless kept, as the speedups leave them out.
 
 The machine is accounted for. Every trial since issue 31 probes the machine's speed just
-outside its window (:mod:`ptspeed.cell.probe`; :func:`ptspeed.analysis.conditions.probe_s`).
-Per probe group (platform, device, CPU threads, probe work:
-:func:`ptspeed.analysis.conditions.probe_group`) the machine's ratio ``m`` is the
+outside its window (:mod:`ptspeed.cell.measurement.probe`;
+:func:`ptspeed.analysis.conditions.probe_s`). Per probe group (platform, device, CPU threads, probe
+work: :func:`ptspeed.analysis.conditions.probe_group`) the machine's ratio ``m`` is the
 Hodges–Lehmann ratio new / old of the probes' speeds (1 / probe_s) over the same trials the
 cells count, with its exact interval ``[m_low, m_high]`` (:func:`machine_changes`). The rule,
 with ``r [r_low, r_high]`` a cell's ratio and ``t`` the threshold (the minimum effect):

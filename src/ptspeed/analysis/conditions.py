@@ -1,8 +1,9 @@
 """Perturbed trials: each ok trial judged quiet or perturbed from the conditions it recorded.
 
-A cell records what else ran during its measured window (:mod:`ptspeed.cell.conditions`); this
-module judges it with the config's ``conditions`` thresholds (defaults in the config schema),
-so a changed threshold re-judges old records without rerunning. A trial is perturbed when
+A cell records what else ran during its measured window
+(:mod:`ptspeed.cell.measurement.conditions`); this module judges it with the config's
+``conditions`` thresholds (defaults in the config schema), so a changed threshold re-judges old
+records without rerunning. A trial is perturbed when
 
 * other processes took more than ``max_other_cpu_share`` of its CPUs' time over the window
   (``other_cpu_s / (window_s x affinity_cpus)``), or left it less than ``min_cpu_left_ratio``
@@ -18,7 +19,8 @@ so a changed threshold re-judges old records without rerunning. A trial is pertu
 * GradScaler skipped optimizer steps inside the window (fp16 overflow: steps without update);
 * the hypervisor took more than ``max_steal_share`` of its CPUs' time over the window (steal:
   ``steal_cpu_s / (window_s x affinity_cpus)``; windows under ``min_window_s`` not judged so);
-* its machine-speed probe (:mod:`ptspeed.cell.probe`, just outside the window: :func:`probe_s`)
+* its machine-speed probe (:mod:`ptspeed.cell.measurement.probe`, just outside the window:
+:func:`probe_s`)
   was more than ``max_probe_deviation`` slower or faster than the run's median trial's
   (``median / probe_s - 1``, the node's speed against the run's other trials), among the run's
   trials whose probe did the same work (:func:`probe_group`: platform, device, CPU threads,

@@ -1,9 +1,9 @@
 """A cell's numerics gate, run by its first trial, stands for its later trials.
 
 The trials of a cell run the same seeded computation (same weights, batches and steps), so the
-workflow runs the numerics gate (:mod:`ptspeed.cell.reference`: eager fp64 and fp32 steps from
-snapshots of the check steps, about half of a warm compiled trial's time on the CPU) in the
-cell's first trial only; the later trials and reruns record ``cell.numerics_by_first_trial``
+workflow runs the numerics gate (:mod:`ptspeed.cell.measurement.reference`: eager fp64 and fp32
+steps from snapshots of the check steps, about half of a warm compiled trial's time on the CPU) in
+the cell's first trial only; the later trials and reruns record ``cell.numerics_by_first_trial``
 and leave their numerics not checked. Aggregation then gives each such trial its cell's verdict:
 
 * a gate trial (one that ran the gate itself) that failed it makes every ok later trial of the

@@ -48,7 +48,7 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.cell.knobs import parse_knobs
+from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.errors import BadInput
 from ptspeed.models import REGISTRY
 

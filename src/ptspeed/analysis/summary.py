@@ -93,7 +93,8 @@ _SUMMARY_INPUTS = [
     *breakdown.SUMMARY_INPUTS,
 ]
 COMPILER_CACHES = ("cold", "warm")
-# Graph-break reasons a summary row keeps (a record keeps ptspeed.cell.compiler.REASONS_KEPT).
+# Graph-break reasons a summary row keeps (a record keeps
+# ptspeed.cell.variants.compiler.REASONS_KEPT).
 REASONS_SHOWN = 3
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from ptspeed.cell.gpu_code import FAKED_GPU_FAULTS
-from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import CellSpec
+from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.errors import BadInput
 from ptspeed.models import Sizes, check_sizes
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ptspeed.cell.knobs import Knobs
 from ptspeed.cell.record import CellSpec
+from ptspeed.cell.variants.knobs import Knobs
 from ptspeed.errors import Unsupported
 
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"

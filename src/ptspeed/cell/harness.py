@@ -7,8 +7,8 @@ the same way in every torch version; warm up (the first step, which holds compil
 on its own; then the knob's one-off calls, the check steps and any step that still compiles,
 all before the measured window); time the measured steps; count FLOPs on a meta-device copy;
 then run eager fp64 and fp32 steps from the check steps' snapshots and judge the variant
-(:mod:`ptspeed.cell.reference`, :mod:`ptspeed.cell.numerics`). Any exception becomes a record with a
-status, never a crash.
+(:mod:`ptspeed.cell.measurement.reference`, :mod:`ptspeed.cell.measurement.numerics`). Any
+exception becomes a record with a status, never a crash.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell import compiler, conditions, numerics, probe, profiling
 from ptspeed.cell.device import (
     apply_backend_settings,
     peak_memory,
@@ -35,11 +34,9 @@ from ptspeed.cell.device import (
 )
 from ptspeed.cell.faults import SLOW_SAMPLING, SLOW_SAMPLING_S, slowed_steps, window_load
 from ptspeed.cell.gpu_code import device_reason
-from ptspeed.cell.knobs import Knobs, parse_knobs, unsupported_for_model
-from ptspeed.cell.memory import is_out_of_memory
-from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
-from ptspeed.cell.record import CellSpec, Conditions, Metrics, Profile, Record, utc_now
-from ptspeed.cell.reference import (
+from ptspeed.cell.measurement import conditions, numerics, probe, profiling
+from ptspeed.cell.measurement.memory import is_out_of_memory
+from ptspeed.cell.measurement.reference import (
     CheckCapture,
     Snapshot,
     check_numerics,
@@ -47,6 +44,10 @@ from ptspeed.cell.reference import (
     loss_scale,
     momentum_buffers,
 )
+from ptspeed.cell.measurement.timing import make_timer, timed_loop
+from ptspeed.cell.measurement.warmup import Warmup, WarmupPlan, loss_of, warm_up
+from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
+from ptspeed.cell.record import CellSpec, Conditions, Metrics, Profile, Record, utc_now
 from ptspeed.cell.steps import (
     Step,
     batch_supplier,
@@ -55,8 +56,8 @@ from ptspeed.cell.steps import (
     release_memory,
     to_device,
 )
-from ptspeed.cell.timing import make_timer, timed_loop
-from ptspeed.cell.warmup import Warmup, WarmupPlan, loss_of, warm_up
+from ptspeed.cell.variants import compiler
+from ptspeed.cell.variants.knobs import Knobs, parse_knobs, unsupported_for_model
 from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes, get_model
 
@@ -77,8 +78,9 @@ class VariantRun:
 
 
 class SingleProcess:
-    """How the cell takes part: alone in this process. :class:`ptspeed.cell.distributed.Rank` is
-    the same interface for one process of a ddp/fsdp cell."""
+    """How the cell takes part: alone in this process.
+    :class:`ptspeed.cell.parallelism.distributed.Rank` is the same interface for one process of a
+    ddp/fsdp cell."""
 
     reports = True  # whether this process checks numerics (rank 0 only)
 
@@ -112,7 +114,7 @@ class SingleProcess:
         fault: str = "",
     ) -> Step:
         """The step of the wrapped model (:func:`ptspeed.cell.steps.make_step`); a stage of a
-        modelpar/pipeline cell has its own (:mod:`ptspeed.cell.stages`)."""
+        modelpar/pipeline cell has its own (:mod:`ptspeed.cell.parallelism.stages`)."""
         return make_step(model_spec, model, knobs, mode, device, fault=fault)
 
     def momentum(self, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor | None]:

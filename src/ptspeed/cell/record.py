@@ -251,8 +251,8 @@ class Metrics:
 @dataclass
 class Conditions:
     """What else ran while the trial measured, sampled at its measured window's start and end
-    (never inside it; see ptspeed.cell.conditions). Whether the trial was perturbed is judged
-    from these values when the tables are made (config conditions), not here. Null: not
+    (never inside it; see ptspeed.cell.measurement.conditions). Whether the trial was perturbed is
+    judged from these values when the tables are made (config conditions), not here. Null: not
     measured (a trial that ended before its window, an older record) or not readable here
     (see not_readable)."""
 
@@ -344,9 +344,9 @@ class Conditions:
     )
     sampling_s: Optional[float] = _doc("What taking the two samples cost (seconds).", None)
     probe_cpu_gemm_s_before: Optional[float] = _doc(
-        "The machine-speed probe just before the window (ptspeed.cell.probe): seconds of its "
-        "fixed CPU GEMM work (see probe_work), on probe_threads threads; null: not probed (an "
-        "older record, a rank that does not report).",
+        "The machine-speed probe just before the window (ptspeed.cell.measurement.probe): seconds "
+        "of its fixed CPU GEMM work (see probe_work), on probe_threads threads; null: not probed "
+        "(an older record, a rank that does not report).",
         None,
     )
     probe_cpu_gemm_s_after: Optional[float] = _doc("The same just after the window.", None)
@@ -382,11 +382,11 @@ class NumericsCheck:
 
     Check steps are the first numerics_steps steps after the knob's one-off work; before each,
     the model, optimizer and random state are copied, and eager fp64 and eager at the variant's
-    precision run one step from that copy (see ptspeed.cell.numerics). Compared: the loss, gradients
-    and update (train) or the output (infer). Each quantity passes within allowed_errors[q] =
-    max(tolerance, 5 x eager's error at the variant's precision, 3 x eager's spread under a
-    one-ulp perturbation of the weights and, for variants with their own random numbers,
-    other dropout masks). The scalar fields describe the worst quantity
+    precision run one step from that copy (see ptspeed.cell.measurement.numerics). Compared: the
+    loss, gradients and update (train) or the output (infer). Each quantity passes within
+    allowed_errors[q] = max(tolerance, 5 x eager's error at the variant's precision, 3 x eager's
+    spread under a one-ulp perturbation of the weights and, for variants with their own random
+    numbers, other dropout masks). The scalar fields describe the worst quantity
     (largest error / allowed).
     """
 
@@ -512,7 +512,7 @@ class Provenance:
 class Profile:
     """Where a step's time goes: cell.profile_steps steps run under torch.profiler (CPU and, on
     CUDA, kernel activity) after the measured window and after everything that reads it, never
-    inside it (see ptspeed.cell.breakdown for the kinds and how they are summed)."""
+    inside it (see ptspeed.cell.measurement.breakdown for the kinds and how they are summed)."""
 
     profiled: bool = _doc("Whether the steps ran under the profiler and were broken down.", False)
     reason: str = _doc("Why not, when profiled is false ('' otherwise).", "")

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell.jit import ONE_OFF_CALLS as JIT_ONE_OFF_CALLS
-from ptspeed.cell.jit import TorchScriptModel
-from ptspeed.cell.knobs import Knobs
+from ptspeed.cell.variants.jit import ONE_OFF_CALLS as JIT_ONE_OFF_CALLS
+from ptspeed.cell.variants.jit import TorchScriptModel
+from ptspeed.cell.variants.knobs import Knobs
 from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.provenance import ASSIGNMENT_VARIABLE
+from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.errors import ConfigError, GpuRequestError
 
 VISIBLE_DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"

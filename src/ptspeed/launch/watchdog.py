@@ -26,9 +26,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ptspeed.cell.hostenv import worker_environment
-from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.provenance import collect_base
 from ptspeed.cell.record import CellSpec, Record, read_record, utc_now, write_record
+from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.errors import BadInput
 from ptspeed.launch import torchrun
 from ptspeed.launch.worker import WATCHDOG_PID_VARIABLE

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:  # torch-importing modules, imported by the functions that need them
-    from ptspeed.cell.distributed import Rank
+    from ptspeed.cell.parallelism.distributed import Rank
     from ptspeed.cell.record import CellSpec
 
 PR_SET_PDEATHSIG = 1
@@ -57,9 +57,9 @@ def main(argv: list[str]) -> int:
 
 def placement_of(spec: CellSpec) -> Rank:
     """This rank: of a ddp/fsdp cell, or a stage of a modelpar/pipeline cell."""
-    from ptspeed.cell.distributed import Rank
-    from ptspeed.cell.knobs import STAGED, parse_knobs
-    from ptspeed.cell.stages import StageRank
+    from ptspeed.cell.parallelism.distributed import Rank
+    from ptspeed.cell.parallelism.stages import StageRank
+    from ptspeed.cell.variants.knobs import STAGED, parse_knobs
 
     if parse_knobs(spec.knobs).parallel in STAGED:
         return StageRank.from_environment(spec)
@@ -85,7 +85,7 @@ def run_rank(spec: CellSpec, result_path: Path) -> int:
 def launch_torchrun(argv: list[str]) -> NoReturn:
     """Become torchrun (exec: same pid, so the watchdog's kill and our PR_SET_PDEATHSIG still
     apply), with the ranks' parent check pointed at it."""
-    from ptspeed.cell.knobs import parse_knobs, threads_per_process
+    from ptspeed.cell.variants.knobs import parse_knobs, threads_per_process
     from ptspeed.launch.torchrun import torchrun_command
 
     spec = json.loads(argv[0])

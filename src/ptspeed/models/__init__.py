@@ -32,10 +32,10 @@ class Sizes:
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer of a model cut into stages (model parallelism, :mod:`ptspeed.cell.stages`):
-    its name, the module that holds its parameters and buffers, and ``run(x, batch)``: its
-    output (one tensor) from the previous layer's output ``x`` (None for the first layer,
-    which reads the batch)."""
+    """One layer of a model cut into stages (model parallelism,
+    :mod:`ptspeed.cell.parallelism.stages`): its name, the module that holds its parameters and
+    buffers, and ``run(x, batch)``: its output (one tensor) from the previous layer's output
+    ``x`` (None for the first layer, which reads the batch)."""
 
     name: str
     module: Any

@@ -16,8 +16,8 @@ from typing import Any
 
 from ptspeed.cell.arguments import to_arguments
 from ptspeed.cell.checks import check_cell
-from ptspeed.cell.knobs import parse_knobs
 from ptspeed.cell.record import CellSpec
+from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.errors import BadInput, ConfigError
 from ptspeed.models import REGISTRY, Sizes, check_sizes
 from ptspeed.plan.layout import Cell, configured_sizes, size_label

@@ -12,7 +12,7 @@ import pandas as pd
 from ptspeed.analysis import late_numerics, ranks, stats
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE
 from ptspeed.analysis.conditions import settings
-from ptspeed.cell.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
+from ptspeed.cell.measurement.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.render.breakdown import PROFILING_METHOD
 from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank, plural
 from ptspeed.render.page import Block, ReportInputs, Section

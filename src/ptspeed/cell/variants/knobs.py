@@ -51,8 +51,8 @@ CUDA (FSDP pins the offloaded shards); fsdp with fp16 AMP (needs ShardedGradScal
 fsdp with cudagraphs; on CUDA, procs=N with fewer than N visible GPUs.
 
 Staged variants (modelpar, pipeline) also run N processes under torchrun, rank r holding stage
-r (cuda:r, or the CPU over gloo): the model's layers (see :mod:`ptspeed.cell.stages`) are cut
-into N consecutive stages balanced by parameter count, activations go forward and gradients
+r (cuda:r, or the CPU over gloo): the model's layers (see :mod:`ptspeed.cell.parallelism.stages`)
+are cut into N consecutive stages balanced by parameter count, activations go forward and gradients
 back with send/recv, and pipeline runs a GPipe schedule (every micro-batch's forward, then every
 backward, gradients accumulated). batch_size is the whole batch, split into the micro-batches;
 the throughput is batch_size x steps / the slowest stage's wall time; the split is recorded
@@ -118,7 +118,7 @@ KNOB_NAMES = (
     "prefetch",
     "prefetch_factor",
     "persistent",
-    *("modelpar", "pipeline", "chunks"),  # staged variants (ptspeed.cell.stages)
+    *("modelpar", "pipeline", "chunks"),  # staged variants (ptspeed.cell.parallelism.stages)
 )
 SWITCH_VALUES = ("on", "off")
 _NAME_PATTERN = re.compile(r"[a-z0-9_]+(=[a-z0-9_.-]+)?")  # fullmatch: "$" would allow "\n"

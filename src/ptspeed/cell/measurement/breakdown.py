@@ -6,8 +6,9 @@ Pure (the standard library only): it reads the events of a Chrome trace as
 ``Kernel``, ``gpu_memcpy`` / ``Memcpy``, ``gpu_memset`` / ``Memset`` on the GPU, each kernel
 tied by its ``correlation`` to the ``cuda_runtime`` / ``Runtime`` call that launched it).
 
-Each profiled step runs inside a :data:`STEP_ANNOTATION` range (:mod:`ptspeed.cell.profiling`);
-the step time is the mean duration of those ranges. Two partitions of it, one per timeline:
+Each profiled step runs inside a :data:`STEP_ANNOTATION` range
+(:mod:`ptspeed.cell.measurement.profiling`); the step time is the mean duration of those ranges.
+Two partitions of it, one per timeline:
 
 * **CPU** (a cell on the CPU): the events of the thread that ran the steps form a tree
   (nesting by time). Every event's *self* time (its duration minus its children's) goes to one

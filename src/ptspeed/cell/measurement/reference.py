@@ -6,7 +6,7 @@ momentum, the GradScaler's scale and the random number generators to the host (a
 :func:`check_numerics` then loads every snapshot into an eager fp64 model and an eager model at
 the variant's precision (fp32 with TF32 off, TF32, or fp16/bf16 autocast) and runs one step
 from it, so the comparison never carries the drift of earlier steps (see
-:mod:`ptspeed.cell.numerics`). Reference models run after the variant's model is freed.
+:mod:`ptspeed.cell.measurement.numerics`). Reference models run after the variant's model is freed.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell import numerics
-from ptspeed.cell.knobs import STAGED, Knobs
-from ptspeed.cell.microbatch import micro_batched
+from ptspeed.cell.measurement import numerics
+from ptspeed.cell.parallelism.microbatch import micro_batched
 from ptspeed.cell.record import CellSpec, NumericsCheck
 from ptspeed.cell.steps import Step, build_model, make_step, release_memory, to_device
+from ptspeed.cell.variants.knobs import STAGED, Knobs
 from ptspeed.models import Batch, ModelSpec, Sizes
 
 # An output is compared on this many elements, evenly strided over it: bounded memory on the

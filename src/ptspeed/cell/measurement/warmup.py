@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell import numerics
+from ptspeed.cell.measurement import numerics
+from ptspeed.cell.measurement.reference import CheckCapture, Snapshot
+from ptspeed.cell.measurement.timing import CpuTimer
 from ptspeed.cell.record import CellSpec
-from ptspeed.cell.reference import CheckCapture, Snapshot
-from ptspeed.cell.timing import CpuTimer
 
 # A warm-up step that still compiled is followed by more, at most this many beyond the plan.
 MAX_EXTRA_WARMUP_STEPS = 10

@@ -7,8 +7,8 @@ after it (never inside: the timed loop runs nothing of this), and the two sample
 average, the CPU frequency governor and clock range (``cpufreq``; absent in most VMs and
 containers: null), whether the cell was pinned, and on CUDA the GPU's clocks, temperature,
 power, throttle reasons and other processes on it (sampled through the window by
-:mod:`ptspeed.cell.telemetry`'s NVML thread, else ``nvidia-smi`` at its two ends), and the
-window's energy. Whether that makes the trial perturbed is judged on the host
+:mod:`ptspeed.cell.measurement.telemetry`'s NVML thread, else ``nvidia-smi`` at its two ends), and
+the window's energy. Whether that makes the trial perturbed is judged on the host
 (:mod:`ptspeed.analysis.conditions`), so a changed threshold re-judges old records.
 
 The cell's own processes are those of its session: the watchdog starts each worker in a
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptspeed.cell import telemetry
+from ptspeed.cell.measurement import telemetry
 from ptspeed.cell.provenance import smi_id
 from ptspeed.cell.record import Conditions
 

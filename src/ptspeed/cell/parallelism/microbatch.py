@@ -6,7 +6,7 @@ loss averages over (its samples; BERT's masked tokens), so that the sum of the w
 micro-batch losses is the whole batch's loss. Each micro-batch's random numbers (dropout) come
 from a generator seeded with ``seed + m``, ``seed`` drawn from the default generator at the
 start of the step, and travel from stage to stage with the activations
-(:mod:`ptspeed.cell.stages`): the stages then draw exactly what one process running the
+(:mod:`ptspeed.cell.parallelism.stages`): the stages then draw exactly what one process running the
 micro-batches one after the other draws.
 
 :func:`micro_batched` is that eager step for the numerics gate: the model's own forward and

@@ -11,7 +11,7 @@ timed; the throughput is measured before they start, so it cannot change (script
 Each step runs inside a ``ptspeed.profiled_step#N`` range, synchronised on CUDA before the
 range ends, and the optimizer's step inside an ``Optimizer.step#ptspeed`` range (torch 2.0.1's
 torch.compile drops torch's own). The trace is exported as Chrome trace JSON, broken down by
-:func:`ptspeed.cell.breakdown.breakdown`, and kept gzipped at ``cell.profile_trace``.
+:func:`ptspeed.cell.measurement.breakdown.breakdown`, and kept gzipped at ``cell.profile_trace``.
 Whatever goes wrong here costs the breakdown only, never the measured result: the record's
 profile says why.
 """
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell.breakdown import (
+from ptspeed.cell.measurement.breakdown import (
     OPTIMIZER_ANNOTATION,
     STEP_ANNOTATION,
     SUM_TOLERANCE,

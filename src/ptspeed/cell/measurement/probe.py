@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell import telemetry
+from ptspeed.cell.measurement import telemetry
 from ptspeed.cell.provenance import smi_id
 from ptspeed.cell.record import Conditions
 

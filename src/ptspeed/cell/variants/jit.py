@@ -7,7 +7,7 @@ TorchScript module is then frozen and optimised for inference; in train mode it 
 unfrozen (autograd runs through it). Scripted and traced modules share their parameters
 with the eager model, so the optimizer and the numerics gate see the weights it trains.
 
-What TorchScript cannot take raises :class:`ptspeed.cell.knobs.Unsupported` with the first
+What TorchScript cannot take raises :class:`ptspeed.cell.variants.knobs.Unsupported` with the first
 line of torch's reason.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell.memory import is_out_of_memory
+from ptspeed.cell.measurement.memory import is_out_of_memory
 from ptspeed.errors import Unsupported
 
 # TorchScript's profiling executor records the first call and builds the optimised graph on

@@ -1,8 +1,8 @@
 """Model parallelism: a model's layers cut into consecutive stages, one process each.
 
 ``modelpar=N`` and ``pipeline=N+chunks=M`` run as N ranks under torchrun, like ddp (see
-:mod:`ptspeed.cell.distributed`): rank r holds stage r on ``cuda:r`` (NCCL) or on the CPU
-(gloo). The model's :class:`ptspeed.models.Layering` lists its layers in order (ResNet-50: the
+:mod:`ptspeed.cell.parallelism.distributed`): rank r holds stage r on ``cuda:r`` (NCCL) or on the
+CPU (gloo). The model's :class:`ptspeed.models.Layering` lists its layers in order (ResNet-50: the
 stem, 16 bottlenecks, pooling with the classifier; BERT: embeddings, 12 encoder layers, the
 masked-LM head; GPT-2: embeddings, 12 blocks, final norm with the vocabulary head; the LSTM
 LM: embedding, 4 LSTM layers, the vocabulary head). :func:`balanced_split` cuts them into N
@@ -20,10 +20,10 @@ micro-batch's forward, stage to stage, then every micro-batch's backward in reve
 gradients accumulated, then each stage's optimizer step. ``modelpar`` is the same with one
 micro-batch (naive model parallelism: one stage busy at a time). Each activation is preceded
 by a small header (dtype and shape) and followed by the random generator's state, so that the
-next stage draws dropout masks where the previous left off (:mod:`ptspeed.cell.microbatch`).
-The loss, computed by the last stage, is broadcast to every rank as the step's output; in
-inference the last stage returns the output. The numerics gate compares rank 0's gathered
-loss, gradients and update with eager over the same micro-batches.
+next stage draws dropout masks where the previous left off
+(:mod:`ptspeed.cell.parallelism.microbatch`). The loss, computed by the last stage, is broadcast to
+every rank as the step's output; in inference the last stage returns the output. The numerics gate
+compares rank 0's gathered loss, gradients and update with eager over the same micro-batches.
 
 Ran on the CPU with 2 gloo processes (tiny sizes): modelpar=2 and pipeline=2+chunks=2 for
 ResNet-50, BERT-base, GPT-2 and the LSTM LM in torch 2.14.1, pipeline=2+chunks=2 for the MLP
@@ -41,12 +41,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ptspeed.cell.distributed import Rank
-from ptspeed.cell.knobs import Knobs
-from ptspeed.cell.microbatch import split, step_seed, weights
+from ptspeed.cell.measurement.reference import host_copy
+from ptspeed.cell.parallelism.distributed import Rank
+from ptspeed.cell.parallelism.microbatch import split, step_seed, weights
 from ptspeed.cell.record import CellSpec, Metrics
-from ptspeed.cell.reference import host_copy
 from ptspeed.cell.steps import LEARNING_RATE, MOMENTUM, Step, _autocast_factory
+from ptspeed.cell.variants.knobs import Knobs
 from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, Layer, Layering, ModelSpec, get_model
 

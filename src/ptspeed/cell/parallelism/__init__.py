@@ -1,0 +1,3 @@
+"""A cell over several processes: torchrun ranks (DDP, FSDP) and a model cut into stages (model
+and pipeline parallelism, micro-batches).
+"""

@@ -1,0 +1,3 @@
+"""The variants' knobs (:mod:`~ptspeed.cell.variants.knobs`) and what applies them: torch.compile,
+TorchScript.
+"""
