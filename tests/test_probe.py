@@ -292,14 +292,14 @@ def test_the_cli_names_the_machine_first_and_exits_0_when_it_explains_the_change
 
 AA_TRIALS = 5
 # Two host environments of one torch, mlp eager: the same code twice. One thread, and Snakemake
-# on one core: one cell at a time. 200 measured steps of mlp at batch 64: windows of about 2 s,
+# on one core: one cell at a time. 600 measured steps of mlp at batch 64: windows of about 2 s,
 # long enough to be judged for load and for compare.py to call a change in (min_window_s).
 AA_RUN: dict[str, Any] = {
     **HOSTS,
     "trials": AA_TRIALS,
     "threads": 1,
     "models": {"mlp": {"cpu": {"batch_size": 64}}},
-    "steps": {"warmup": 3, "measured": 200, "numerics": 0},
+    "steps": {"warmup": 3, "measured": 600, "numerics": 0},
 }
 AA_TIMEOUT_S = 1500
 # The A/A runs measure what a machine's noise does to a comparison (a benchmark, not a test of
