@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 from helpers import (
+    HOSTS,
     PLAN_TIMEOUT_S,
     ROOT,
     TINY_STEPS,
@@ -194,6 +195,24 @@ def test_default_matrix_plan(tmp_path: Path) -> None:
         str(tmp_path / f"results/envs/{env}.json") for env in ("torch-1.13", "torch-2.0")
     ]
     assert not (tmp_path / "results").exists()
+
+
+def test_the_report_is_set_against_an_earlier_run_where_the_config_names_one(
+    tmp_path: Path,
+) -> None:
+    """compare.earlier (a results directory) becomes the report's --earlier (its runs.csv), an
+    input of the report; without it the report has none."""
+    earlier = tmp_path / "monday results"
+    (earlier / "tables").mkdir(parents=True)
+    (earlier / "tables/runs.csv").write_text("env\n", encoding="utf-8")
+    config = write_config(tmp_path, HOSTS)
+    named = ok(snakemake("-n", "-p", "--configfile", str(config), "--config",
+                         f"compare={{earlier: '{earlier}'}}"))  # fmt: skip
+    report = named.split("rule report:", 1)[1].split("\n\n", 1)[0]
+    assert str(earlier / "tables/runs.csv") in report.split("input:", 1)[1].splitlines()[0]
+    assert f"--earlier '{earlier}/tables/runs.csv'" in named
+    plain = ok(snakemake("-n", "-p", "--configfile", str(config)))
+    assert "--earlier" not in plain
 
 
 # Each variant of config/extended.yaml and the environments it runs in: those whose torch can
