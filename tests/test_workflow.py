@@ -279,10 +279,13 @@ def test_hopper_matrix_plans_the_cuda_11_8_environment(tmp_path: Path) -> None:
     build = re.search(r"scripts/build_env\.py --name torch-2\.0-cu118 (.*)", output)
     assert build and "--requirements envs/torch-2.0-cu118.txt --python 3.10" in build[1]
     venv = f"torch-2.0-cu118-{lock_hash(ROOT / 'envs/torch-2.0-cu118.txt')}/bin/python"
+    # Every job's block, whatever its header (rule, localrule, checkpoint, localcheckpoint): a
+    # cell's block ends where the next job's begins, never at a later one.
+    blocks = re.split(r"\n(?:local)?(?:rule|checkpoint) ", output)
     cu118_cells = [
         block
-        for block in output.split("\nrule ")
-        if block.startswith("cell:") and "records/torch-2.0-cu118/" in block
+        for block in blocks
+        if block.startswith("cell:") and "records/torch-2.0-cu118/" in block.split("output:")[1]
     ]
     assert len(cu118_cells) == 2 * per_pair
     for block in cu118_cells:
