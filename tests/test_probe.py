@@ -308,8 +308,18 @@ AA_TIMEOUT_S = 1500
 # request, on a quiet machine: PTSPEED_AA=1.
 needs_aa = pytest.mark.skipif(
     os.environ.get("PTSPEED_AA") != "1",
-    reason="A/A runs of the workflow (4 runs, ~4 min, a quiet machine): set PTSPEED_AA=1",
+    reason="A/A runs of the workflow (4 runs, ~6 min, a quiet machine): set PTSPEED_AA=1",
 )
+
+
+def a_a_test(test: Any) -> Any:
+    """The marks of a test that reads the A/A runs: on request, slow, a workflow, alone."""
+    for mark in (
+        pytest.mark.timeout(4 * AA_TIMEOUT_S), pytest.mark.alone, pytest.mark.workflow,
+        pytest.mark.slow, needs_aa,
+    ):  # fmt: skip
+        test = mark(test)
+    return test
 
 
 def aa_run(directory: Path, faults: str = "") -> Path:
@@ -345,11 +355,7 @@ def aa_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return runs
 
 
-@needs_aa
-@pytest.mark.slow
-@pytest.mark.workflow
-@pytest.mark.alone
-@pytest.mark.timeout(4 * AA_TIMEOUT_S)
+@a_a_test
 def test_an_a_a_run_calls_no_cell_faster_or_slower(
     aa_runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -360,11 +366,7 @@ def test_an_a_a_run_calls_no_cell_faster_or_slower(
     assert out.startswith(("machine (cpu, 1 thread): probe", "MACHINE CHANGED")), out
 
 
-@needs_aa
-@pytest.mark.slow
-@pytest.mark.workflow
-@pytest.mark.alone
-@pytest.mark.timeout(4 * AA_TIMEOUT_S)
+@a_a_test
 def test_a_slower_machine_is_named_and_no_cell_is_called_slower(
     aa_runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -375,11 +377,7 @@ def test_a_slower_machine_is_named_and_no_cell_is_called_slower(
     assert (compared["ratio"] < 0.9).all(), out  # the cells did run slower
 
 
-@needs_aa
-@pytest.mark.slow
-@pytest.mark.workflow
-@pytest.mark.alone
-@pytest.mark.timeout(4 * AA_TIMEOUT_S)
+@a_a_test
 def test_a_real_regression_is_still_called_slower(aa_runs: dict[str, Path], tmp_path: Path) -> None:
     status, out, compared = compare_cli(aa_runs["first"], aa_runs["regression"], tmp_path)
     marks = dict(zip(compared["env"], compared["mark"], strict=True))

@@ -170,6 +170,20 @@ def console_messages(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
 
 
+def take_screenshot(
+    site: dict[str, Any], name: str, window: str
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A PNG of the page in a ``window`` (``"width,height"``), under the site's results/."""
+    screenshot = site["root"] / "results" / name
+    screenshot.parent.mkdir(exist_ok=True)
+    result = chromium(
+        site["root"], site["page"].as_uri(), f"--screenshot={screenshot}", f"--window-size={window}"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert screenshot.read_bytes().startswith(PNG_MAGIC)
+    return screenshot, result
+
+
 def probe(site: dict[str, Any], window: str) -> dict[str, Any]:
     html = site["page"].read_text(encoding="utf-8")
     probe_page = site["page"].with_name("probe.html")
@@ -182,16 +196,7 @@ def probe(site: dict[str, Any], window: str) -> dict[str, Any]:
 
 
 def test_screenshot_shows_the_page_without_console_errors(site: dict[str, Any]) -> None:
-    screenshot = site["root"] / "results" / "report.png"
-    screenshot.parent.mkdir(exist_ok=True)
-    result = chromium(
-        site["root"],
-        site["page"].as_uri(),
-        f"--screenshot={screenshot}",
-        f"--window-size={LAPTOP}",
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert screenshot.read_bytes().startswith(PNG_MAGIC)
+    screenshot, result = take_screenshot(site, "report.png", LAPTOP)
     assert screenshot.stat().st_size > 50_000  # a page of tables and figures, not a blank one
     assert console_messages(result.stderr) == []
 
@@ -246,16 +251,7 @@ def test_every_table_fits_the_window_and_shows_its_verdicts(
         assert len(links) == 2 * len(verdicts)
         assert all(link["href"].startswith("../traces/") for link in links), links
         assert all(link["width"] > 0 and link["right"] <= width + PIXEL for link in links), links
-    screenshot = served["root"] / "results" / f"report-{window.split(',')[0]}.png"
-    screenshot.parent.mkdir(exist_ok=True)
-    result = chromium(
-        served["root"],
-        served["page"].as_uri(),
-        f"--screenshot={screenshot}",
-        f"--window-size={window}",
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert screenshot.read_bytes().startswith(PNG_MAGIC)
+    take_screenshot(served, f"report-{window.split(',')[0]}.png", window)
 
 
 @pytest.mark.parametrize("window", [LAPTOP, NARROW])
@@ -266,12 +262,4 @@ def test_figures_decode_and_the_page_fits_the_window(site: dict[str, Any], windo
     assert found["page"] <= found["viewport"], found  # wide tables scroll inside their box
     assert all(width <= found["viewport"] for width in found["shown"]), found
     if window == NARROW:
-        screenshot = site["root"] / "results" / "report-narrow.png"
-        result = chromium(
-            site["root"],
-            site["page"].as_uri(),
-            f"--screenshot={screenshot}",
-            f"--window-size={window}",
-        )
-        assert result.returncode == 0
-        assert screenshot.read_bytes().startswith(PNG_MAGIC)
+        take_screenshot(site, "report-narrow.png", window)

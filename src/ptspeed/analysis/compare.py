@@ -380,17 +380,7 @@ def _compared(
                 "corrected_ratio": ratio.estimate / machine.ratio.estimate,
             }
         )
-    mark, change = _judged(ratio, threshold, machine)
-    window = _shortest_window(old, new)
-    if mark in (FASTER, SLOWER) and window < min_window_s:
-        mark, change = (
-            SAME,
-            (
-                f"{change} by the numbers, but its windows ({window:.2f} s) are shorter than the "
-                f"{min_window_s:g} s a change is called on (conditions.min_window_s): lengthen "
-                "steps.measured"
-            ),
-        )
+    mark, change = _judged(ratio, threshold, machine, _shortest_window(old, new), min_window_s)
     return {**row, "mark": mark, "change": change}
 
 
@@ -421,9 +411,14 @@ def _why_not_comparable(old: Mapping[str, Any] | None, new: Mapping[str, Any] | 
 
 
 def _judged(
-    ratio: ranks.Ratio, threshold: float, machine: Machine | None = None
+    ratio: ranks.Ratio,
+    threshold: float,
+    machine: Machine | None = None,
+    window_s: float = math.inf,
+    min_window_s: float = 0.0,
 ) -> tuple[str, str]:
-    """The mark and its words by the rule of the module docstring."""
+    """The mark and its words by the rule of the module docstring (``window_s``: the shorter
+    side's median measured window)."""
     if math.isnan(ratio.low):
         return SAME, "too few ok trials for a test (2 per side needed)"
     if not ratio.significant:
@@ -437,9 +432,17 @@ def _judged(
     m, m_low, m_high = machine.bounds() if machine is not None else (1.0, 1.0, 1.0)
     corrected = ratio.estimate / m
     beyond = abs(ratio.estimate - 1.0) > threshold and abs(corrected - 1.0) > threshold
-    if beyond and corrected < 1.0 and ratio.high < min(1.0, m_low):
+    slower = beyond and corrected < 1.0 and ratio.high < min(1.0, m_low)
+    faster = beyond and corrected > 1.0 and ratio.low > max(1.0, m_high)
+    if (slower or faster) and window_s < min_window_s:
+        return SAME, (
+            f"{'slower' if slower else 'faster'} by the numbers, but its windows "
+            f"({window_s:.2f} s) are shorter than the {min_window_s:g} s a change is called on "
+            "(conditions.min_window_s): lengthen steps.measured"
+        )
+    if slower:
         return SLOWER, "slower"
-    if beyond and corrected > 1.0 and ratio.low > max(1.0, m_high):
+    if faster:
         return FASTER, "faster"
     if abs(ratio.estimate - 1.0) > threshold:
         return SAME, (

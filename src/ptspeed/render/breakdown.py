@@ -21,10 +21,11 @@ from typing import Any
 import seaborn as sns
 
 from ptspeed.analysis import breakdown
+from ptspeed.analysis.columns import SIDES
 from ptspeed.analysis.versions import torch_versions, version_key
 from ptspeed.cell.measurement.breakdown import KIND_HELP, KINDS, SUM_TOLERANCE
 from ptspeed.render.figures import DPI, FONT, WIDTH_IN, Chart
-from ptspeed.render.formatting import format_text
+from ptspeed.render.formatting import format_text, is_blank
 from ptspeed.render.page import Block, ReportInputs
 from ptspeed.render.tables import Column, LinkedText, Table
 
@@ -57,7 +58,7 @@ def why_column(results: str) -> Column:
         sentence = row.get(breakdown.SENTENCE)
         links = [
             (f"{side} trace", link)
-            for side in ("baseline", "candidate")
+            for side in SIDES
             if (link := _link(row.get(f"{side}_trace"), results))
         ]
         return LinkedText(format_text(sentence), links)
@@ -70,13 +71,11 @@ def comparison_chart(rows: Sequence[Mapping[str, Any]]) -> Block | None:
     where neither side of any row was profiled."""
     bars = []
     for row in rows:
-        for side in ("baseline", "candidate"):
-            found = breakdown.side(row, f"{side}_")
-            if found:
-                place = " ".join(
-                    str(row[key]) for key in ("model", "mode", "platform") if _shown(row.get(key))
-                )
-                bars.append((f"{place}: {side}", found))
+        place = " ".join(
+            str(row[k]) for k in ("model", "mode", "platform") if not is_blank(row.get(k))
+        )
+        sides = ((side, breakdown.side(row, f"{side}_")) for side in SIDES)
+        bars.extend((f"{place}: {side}", found) for side, found in sides if found)
     if not bars:
         return None
     return Block(chart=stacked_bars(bars), note=_kinds_note(bars), footnote=KINDS_FOOTNOTE)
@@ -86,8 +85,6 @@ def version_blocks(inputs: ReportInputs) -> list[Block]:
     """Each profiled cell (model, variant, mode) in every torch version, oldest first: its
     stacked bars and what changed from each version to the next, with the traces."""
     summary, results = inputs.summary, str(inputs.config.get("results", "results"))
-    if "profile_step_s" not in summary.columns:
-        return []
     torch = torch_versions(inputs.runs)
     chosen = summary[summary["profile_step_s"].notna() & summary["env"].isin(list(torch))]
     bars, rows = [], []
@@ -133,10 +130,6 @@ def version_blocks(inputs: ReportInputs) -> list[Block]:
         Block(heading=heading, chart=stacked_bars(bars), note=_kinds_note(bars)),
         Block(table=table, footnote=KINDS_FOOTNOTE),
     ]
-
-
-def _shown(value: Any) -> bool:
-    return isinstance(value, str) and bool(value)
 
 
 def _link(path: Any, results: str) -> str:

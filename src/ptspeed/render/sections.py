@@ -16,7 +16,6 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis import breakdown
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
 from ptspeed.analysis.compare import (
     DEFAULT_THRESHOLD,
@@ -105,11 +104,9 @@ def _comparison_blocks(
         if several
         else (COMPILED_SEED_TABLE if compiled else SEED_TABLE)
     )
-    explained = any(breakdown.side(row, f"{side}_") for row in records for side in SIDES)
-    if explained:
-        columns = [*columns, why_column(results)]
     ordered = rows_by_platform(records, platforms) if several else records
-    table = Table.of(columns, ordered)
+    chart = comparison_chart(ordered)  # None where neither side of any row was profiled
+    table = Table.of([*columns, why_column(results)] if chart else columns, ordered)
     sides = (
         f"baseline {first['baseline_env']}/{first['baseline_variant']} → "
         f"candidate {first['candidate_env']}/{first['candidate_variant']}"
@@ -117,7 +114,6 @@ def _comparison_blocks(
     note = _claim_note(sides, first, claims) + _left_out_note(rows, keep_perturbed)
     footnote = _compiler_note(records) if compiled else ""
     seed = Block(table=table, heading=format_text(first["title"]), note=note, footnote=footnote)
-    chart = comparison_chart(ordered) if explained else None
     return [seed, chart] if chart else [seed]
 
 
