@@ -3,9 +3,10 @@
 Owns the breakdown's columns in the runs table (:data:`RUN_COLUMNS`: a record's ``profile``
 flattened, one ``time_<kind>_s`` column per kind of
 :data:`ptspeed.cell.measurement.breakdown.KINDS`), in the summary (:data:`SUMMARY_COLUMNS`: the
-median of each over the cell's profiled ok trials; the workflow profiles the first trial only, so
-its values) and in the speedups (:func:`side_columns`: each side's, and :data:`SENTENCE`, the
-sentence that names the biggest changes, :func:`explain`). Pure; no torch.
+median of each over the cell's profiled ok trials, the unperturbed ones where there are any;
+the workflow profiles the first trial and its reruns) and in the speedups
+(:func:`side_columns`: each side's, and :data:`SENTENCE`, the sentence that names the biggest
+changes, :func:`explain`). Pure; no torch.
 """
 
 from __future__ import annotations

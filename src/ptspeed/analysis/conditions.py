@@ -20,11 +20,10 @@ records without rerunning. A trial is perturbed when
 * the hypervisor took more than ``max_steal_share`` of its CPUs' time over the window (steal:
   ``steal_cpu_s / (window_s x affinity_cpus)``; windows under ``min_window_s`` not judged so);
 * its machine-speed probe (:mod:`ptspeed.cell.measurement.probe`, just outside the window:
-:func:`probe_s`)
-  was more than ``max_probe_deviation`` slower or faster than the run's median trial's
-  (``median / probe_s - 1``, the node's speed against the run's other trials), among the run's
-  trials whose probe did the same work (:func:`probe_group`: platform, device, CPU threads,
-  probe work), where at least :data:`MIN_PROBED_TRIALS` of them probed.
+  :func:`probe_s`) was more than ``max_probe_deviation`` slower or faster than the run's median
+  trial's (``median / probe_s - 1``, the node's speed against the run's other trials), among
+  the run's trials whose probe did the same work (:func:`probe_group`: platform, device, CPU
+  threads, probe work), where at least :data:`MIN_PROBED_TRIALS` of them probed.
 
 :func:`judge_runs` adds ``perturbed`` (true, false, or blank where nothing could be judged: a
 trial that is not ok or recorded no conditions) and ``perturbed_reason`` to the runs frame.
