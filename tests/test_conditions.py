@@ -36,7 +36,7 @@ from ptspeed.analysis.reruns import rerun_columns, rerun_count, reruns_due, tria
 from ptspeed.cell.faults import FAULTS_VARIABLE, NEIGHBOUR
 from ptspeed.cell.measurement import conditions
 from ptspeed.cell.record import Conditions
-from ptspeed.plan.config import fill_defaults, load_schema
+from ptspeed.plan.schema import fill_defaults, load_schema
 
 # --- the cell's samples --------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from ptspeed.envs.containers import (
     stage_context,
 )
 from ptspeed.errors import ConfigError
-from ptspeed.plan.config import fill_defaults, load_schema
+from ptspeed.plan.schema import fill_defaults, load_schema
 
 # The real build: debootstrap base -> apt (Python, g++) -> 2.5 GB of wheels -> a 5 GB layer.
 BUILD_TIMEOUT_S = 25 * 60

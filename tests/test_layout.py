@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from ptspeed.cell.record import CellSpec
 from ptspeed.models import REGISTRY, Sizes
-from ptspeed.plan.config import SCHEMA_PATH
 from ptspeed.plan.layout import (
     DEFAULT_SIZES,
     MODES,
@@ -27,6 +26,7 @@ from ptspeed.plan.layout import (
     size_label,
     wildcard_constraints,
 )
+from ptspeed.plan.schema import SCHEMA_PATH
 
 ENVIRONMENTS = ("host", "host-b", "torch-2.0")
 PLATFORMS = ("a100", "h100")

@@ -17,8 +17,9 @@ from ptspeed.envs.realise import Images, Realisation
 from ptspeed.envs.venvs import lock_hash
 from ptspeed.errors import ConfigError
 from ptspeed.plan import device
-from ptspeed.plan.config import effective_config_json, fill_defaults, load_schema
+from ptspeed.plan.config import effective_config_json
 from ptspeed.plan.device import detect_device_class
+from ptspeed.plan.schema import fill_defaults, load_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = "/opt/py/bin/python3"

@@ -21,7 +21,9 @@ WINDOW = """
 import dataclasses, json, time, torch
 from ptspeed.cell.measurement import conditions
 window = conditions.begin(torch.device(DEVICE))
+window.opened()
 time.sleep(0.5)
+window.closed()
 print(json.dumps(dataclasses.asdict(window.end())))
 """
 
@@ -56,12 +58,19 @@ def test_the_gpu_is_sampled_through_the_window(fake_driver: Path) -> None:
     assert measured["gpu_sm_mhz_median"] in (1410.0, 1695.0, 1980.0)
     assert measured["gpu_sm_mhz_limit"] == 1980.0
     assert measured["gpu_throttle_reasons"] == "sw_power_cap"  # seen in some samples only
-    assert measured["gpu_power_w_mean"] == 350.0 and measured["gpu_temperature_c_max"] == 61.0
+    # Mean power is the window's energy over its length; a 0.5 s window has no maximum, as
+    # NVML's power reading averages over a second.
+    assert measured["gpu_power_w_mean"] == pytest.approx(350.0, rel=0.01)
+    assert measured["gpu_temperature_c_max"] == 61.0
+    assert measured["gpu_power_w_max"] is None
     assert measured["gpu_other_processes"] == 1  # pid 4242; the cell's own is not counted
     assert measured["energy_source"] == "nvml"
     assert measured["energy_j"] == pytest.approx(350 * measured["window_s"], rel=0.1, abs=1)
     assert 0 <= measured["sampler_cpu_s"] < 0.1
-    assert "GPU" not in measured["not_readable"], measured["not_readable"]
+    assert measured["not_readable"].endswith(
+        "GPU maximum power (a 0.5 s window is shorter than NVML's 1 s power average; mean "
+        "power is its energy over its length)"
+    )
 
 
 def test_a_gpu_without_an_energy_counter_says_so(fake_driver: Path) -> None:
@@ -113,3 +122,69 @@ def test_rapl_sums_the_packages_across_a_counter_wrap(tmp_path: Path) -> None:
     missing = telemetry.read_rapl(tmp_path / "absent")
     assert missing.why_not.startswith("no RAPL zones in ")
     assert missing.joules_since(before) is None
+
+
+class StandInNvml:
+    """NVML's readings as a test sets them: the energy counter (mJ) and the power (W)."""
+
+    def __init__(self) -> None:
+        self.energy_mj = 1_000_000.0
+        self.power = 100.0
+
+    def energy_j(self) -> float:
+        return self.energy_mj / 1000.0
+
+    def power_w(self) -> float:
+        return self.power
+
+    def sm_clock_mhz(self) -> float:
+        return 1980.0
+
+    max_sm_clock_mhz = sm_clock_mhz
+
+    def temperature_c(self) -> float:
+        return 50.0
+
+    def power_limit_w(self) -> float:
+        return 700.0
+
+    def throttle_reasons(self) -> list[str]:
+        return []
+
+    def process_ids(self) -> list[int]:
+        return []
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("window_s", [0.02, 3.0])
+def test_energy_and_power_are_those_of_the_window_alone(window_s: float) -> None:
+    """The counter jumps before the window opens and after it closes (the warm-up, the probe,
+    the sampler's start and stop): neither jump reaches the window's energy, and power sampled
+    outside the window never reaches its power."""
+    nvml, clock = StandInNvml(), StepClock()
+    sampler = telemetry.GpuSampler(nvml, interval_s=3600.0, clock=clock)  # type: ignore[arg-type]
+    sampler.start()
+    nvml.energy_mj += 5_000_000  # before the window
+    nvml.power = 690.0
+    sampler._sample()  # a background sample before the window: not the window's
+    nvml.power = 400.0
+    sampler.opened()
+    clock.now += window_s
+    nvml.energy_mj += 400_000 * window_s  # 400 W through the window
+    sampler.closed()
+    nvml.energy_mj += 7_000_000  # after it
+    nvml.power = 690.0
+    sampler._sample()  # after it: not the window's
+    measured = sampler.stop()
+    assert measured.energy_j == pytest.approx(400.0 * window_s)
+    assert measured.window_s == pytest.approx(window_s)
+    assert measured.samples == 2 and measured.power_w == [400.0, 400.0]
+    assert measured.mean_power_w() == pytest.approx(400.0)
+    assert measured.max_power_w() == (400.0 if window_s >= telemetry.NVML_POWER_AVERAGE_S else None)

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from ptspeed.cell.record import Conditions
-from ptspeed.plan.config import fill_defaults, load_schema
+from ptspeed.plan.schema import fill_defaults, load_schema
 
 # Per-rank lists stay in the records.
 CONDITION_COLUMNS = [

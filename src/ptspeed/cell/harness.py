@@ -271,7 +271,7 @@ def _measure_variant(
         placement.barrier()
         timer = make_timer(torch, device)
         timing, last_output, late_output = timed_loop(
-            timer, measured_step, spec.measured_steps, keep=late_position
+            timer, measured_step, spec.measured_steps, keep=late_position, edges=window
         )
         window_conditions = window.end()
         scale_after = loss_scale(step)

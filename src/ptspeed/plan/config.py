@@ -21,7 +21,6 @@ value: values are compared and matched, never run.
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import math
@@ -38,11 +37,10 @@ from jsonschema.exceptions import best_match
 from ptspeed.errors import ConfigError, InputError
 from ptspeed.plan.layout import runs_csv_of
 from ptspeed.plan.matrix import check_config
+from ptspeed.plan.schema import PROJECT_DIR, SCHEMA_PATH, fill_defaults, load_schema
 
 __all__ = ["effective_config_json", "prepare_config", "schema_errors"]
 
-PROJECT_DIR = Path(__file__).resolve().parents[3]
-SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
 # The published figures the report checks (rules aggregate and report read the same file).
 CLAIMS_FILE = Path("config") / "claims.yaml"
 YTE_SWITCH = "__use_yte__"
@@ -204,13 +202,6 @@ def _scalar_problem(value: Any) -> str:
 # --- 3. the schema --------------------------------------------------------------------------
 
 
-@functools.cache
-def load_schema(path: str | os.PathLike[str] = SCHEMA_PATH) -> dict[str, Any]:
-    """The config's JSON Schema, which also holds every config default."""
-    with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
-
-
 def _ecma_pattern(
     validator: Any, pattern: str, instance: Any, schema: Mapping[str, Any]
 ) -> Iterator[ValidationError]:
@@ -268,18 +259,6 @@ def _with_short_value(error: ValidationError) -> str:
     if error.validator == "enum":
         return f"{shown} is not one of {', '.join(map(str, error.validator_value))}"
     return f"{shown} should be non-empty"
-
-
-def fill_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
-    """Set every absent property that has a ``default`` in ``schema``, recursively through
-    ``properties`` (a default ``{}`` gets its own properties' defaults too)."""
-    if not isinstance(instance, dict):
-        return
-    for key, spec in (schema.get("properties") or {}).items():
-        if key not in instance and "default" in spec:
-            instance[key] = copy.deepcopy(spec["default"])
-        if key in instance:
-            fill_defaults(instance[key], spec)
 
 
 # --- 4. paths -------------------------------------------------------------------------------

@@ -110,18 +110,32 @@ class Window:
     cost_s: float
     unavailable: dict[str, None] = field(default_factory=dict)
     sampler: telemetry.GpuSampler | None = None
-    rapl: telemetry.RaplReading | None = None
+    rapl_edges: list[telemetry.RaplReading] = field(default_factory=list)
+
+    def opened(self) -> None:
+        """The window's clock starts: its energy counts from here (the GPU's, or the CPU
+        packages' where the cell runs on the CPU)."""
+        if self.sampler is not None:
+            self.sampler.opened()
+        elif self.gpu_index is None:
+            self.rapl_edges.append(telemetry.read_rapl())
+
+    def closed(self) -> None:
+        """The window's clock stopped: its energy counts to here."""
+        if self.sampler is not None:
+            self.sampler.closed()
+        elif self.gpu_index is None:
+            self.rapl_edges.append(telemetry.read_rapl())
 
     def end(self) -> Conditions:
         begun = time.perf_counter()
         snapshot_gpu = self.gpu_index if self.sampler is None else None
         stop = _sample(self.cpus, snapshot_gpu, self.unavailable, start=False)
-        rapl = telemetry.read_rapl() if self.rapl is not None else None
         gpu = self.sampler.stop() if self.sampler is not None else None
         conditions = _compare(self, stop)
         if gpu is not None:
             _note_telemetry(conditions, gpu)
-        _note_energy(conditions, gpu, self.rapl, rapl)
+        _note_energy(conditions, gpu, *(self.rapl_edges[:2] or [None, None]))
         conditions.sampling_s = self.cost_s + time.perf_counter() - begun
         return conditions
 
@@ -137,10 +151,9 @@ def begin(device: Any) -> Window:
     sampler = _gpu_sampler(gpu_index, unavailable) if gpu_index is not None else None
     snapshot_gpu = gpu_index if sampler is None else None
     start = _sample(cpus, snapshot_gpu, unavailable, start=True)
-    rapl = telemetry.read_rapl() if gpu_index is None else None
     session = os.getsid(0)
     cost_s = time.perf_counter() - begun
-    return Window(cpus, gpu_index, session, start, cost_s, unavailable, sampler, rapl)
+    return Window(cpus, gpu_index, session, start, cost_s, unavailable, sampler)
 
 
 def _sample(cpus: list[int], gpu: int | None, unavailable: dict[str, None], start: bool) -> _Sample:
@@ -381,13 +394,19 @@ def _note_telemetry(conditions: Conditions, gpu: telemetry.GpuTelemetry) -> None
     conditions.gpu_sm_mhz_max = max(gpu.sm_clock_mhz, default=None)
     conditions.gpu_sm_mhz_limit = gpu.max_sm_clock_mhz
     conditions.gpu_temperature_c_max = gpu.temperature_c_max
-    conditions.gpu_power_w_max = max(gpu.power_w, default=None)
+    conditions.gpu_power_w_max = gpu.max_power_w()
     conditions.gpu_power_w_mean = gpu.mean_power_w()
     conditions.gpu_power_limit_w = gpu.power_limit_w
     conditions.gpu_throttle_reasons = ", ".join(gpu.throttle_reasons)
     conditions.gpu_other_processes = _other_processes(gpu.process_ids)
     conditions.sampler_cpu_s = gpu.sampler_cpu_s
     unreadable = [f"GPU {what} ({why})" for what, why in gpu.unreadable.items()]
+    if gpu.power_w and conditions.gpu_power_w_max is None:
+        unreadable.append(
+            f"GPU maximum power (a {gpu.window_s or 0:.3g} s window is shorter than NVML's "
+            f"{telemetry.NVML_POWER_AVERAGE_S:g} s power average; mean power is its energy "
+            "over its length)"
+        )
     conditions.not_readable = "; ".join(filter(None, [conditions.not_readable, *unreadable]))
 
 

@@ -1,6 +1,12 @@
 """What the node did during a measured window, sampled inside it: the GPU through NVML by a
 background thread (SM clock, throttle reasons, power, temperature, other processes, every
-~50 ms; the total-energy counter at both ends), and the CPU packages' energy through RAPL.
+~50 ms, and once at each edge of the window), and the energy of exactly the window: the GPU's
+total-energy counter, or the CPU packages' through RAPL, read at the window's clock start and
+stop (:meth:`GpuSampler.opened`, :meth:`GpuSampler.closed`).
+
+NVML's power reading (``nvmlDeviceGetPowerUsage``) is an average over about a second on GPUs
+since Ampere (GA100 excepted): a window shorter than that has its mean power from its energy
+over its length, and no maximum (its samples would describe the warm-up before it).
 
 NVML is the driver's own library (``libnvidia-ml.so.1``), called through ctypes, so that no
 environment needs ``nvidia-ml-py``. Every field is read on its own: one a driver or GPU
@@ -24,6 +30,9 @@ from typing import Any
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 SAMPLE_INTERVAL_S = 0.05
+# NVML's power reading averages over about this long (Hopper, Ada, GA10x); a window's maximum
+# power from its samples means something only past it.
+NVML_POWER_AVERAGE_S = 1.0
 NVML_SUCCESS = 0
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_CLOCK_SM = 1
@@ -167,6 +176,7 @@ class GpuTelemetry:
     throttle_reasons: list[str] = field(default_factory=list)
     process_ids: list[list[int]] = field(default_factory=list)
     energy_j: float | None = None
+    window_s: float | None = None
     sampler_cpu_s: float | None = None
     unreadable: dict[str, str] = field(default_factory=dict)
 
@@ -174,36 +184,69 @@ class GpuTelemetry:
         return statistics.median(self.sm_clock_mhz) if self.sm_clock_mhz else None
 
     def mean_power_w(self) -> float | None:
+        """The window's mean power: its energy over its length (NVML's own reading averages
+        over a second, longer than many windows); the samples' mean where there is no energy."""
+        if self.energy_j is not None and self.window_s:
+            return self.energy_j / self.window_s
         return statistics.fmean(self.power_w) if self.power_w else None
+
+    def max_power_w(self) -> float | None:
+        """The highest power sampled in the window; None for a window shorter than NVML's
+        power average, whose samples would describe the time before it."""
+        if self.window_s is None or self.window_s < NVML_POWER_AVERAGE_S:
+            return None
+        return max(self.power_w, default=None)
 
 
 class GpuSampler:
     """Samples one GPU every ``interval_s`` on a thread between :meth:`start` and
-    :meth:`stop`, and reads its energy counter at both."""
+    :meth:`stop`; the measured window lies between :meth:`opened` and :meth:`closed`, whose
+    energy counter readings give its energy and whose samples alone describe it."""
 
-    def __init__(self, nvml: Nvml, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        nvml: Nvml,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self._nvml = nvml
         self._interval_s = interval_s
+        self._clock = clock
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ptspeed-gpu-sampler", daemon=True)
+        self._lock = threading.Lock()
         self.telemetry = GpuTelemetry()
-        self._energy_start: float | None = None
+        self._window: list[float] = []  # the clock at the window's start and stop
+        self._energy: list[float | None] = []  # the counter there
 
     def start(self) -> None:
-        self._energy_start = self._read("energy", self._nvml.energy_j)
         self.telemetry.max_sm_clock_mhz = self._read("max SM clock", self._nvml.max_sm_clock_mhz)
         self.telemetry.power_limit_w = self._read("power limit", self._nvml.power_limit_w)
-        self._sample()
         self._thread.start()
+
+    def opened(self) -> None:
+        """The window's clock starts now: read the energy counter and take a sample."""
+        self._edge()
+
+    def closed(self) -> None:
+        """The window's clock stopped: read the energy counter and take a sample."""
+        self._edge()
 
     def stop(self) -> GpuTelemetry:
         self._stopping.set()
         self._thread.join()
-        self._sample()
-        end = self._read("energy", self._nvml.energy_j)
-        if self._energy_start is not None and end is not None:
-            self.telemetry.energy_j = end - self._energy_start
-        return self.telemetry
+        telemetry = self.telemetry
+        if len(self._energy) == 2 and None not in self._energy:
+            telemetry.energy_j = self._energy[1] - self._energy[0]  # type: ignore[operator]
+        if len(self._window) == 2:
+            telemetry.window_s = self._window[1] - self._window[0]
+        return telemetry
+
+    def _edge(self) -> None:
+        self._energy.append(self._read("energy", self._nvml.energy_j))
+        with self._lock:
+            self._window.append(self._clock())
+        self._sample(edge=True)
 
     def _run(self) -> None:
         begun = time.thread_time()
@@ -211,17 +254,34 @@ class GpuSampler:
             self._sample()
         self.telemetry.sampler_cpu_s = time.thread_time() - begun
 
-    def _sample(self) -> None:
-        telemetry, nvml = self.telemetry, self._nvml
+    def _sample(self, edge: bool = False) -> None:
+        """One sample, kept only when it was taken inside the window (or at one of its edges)."""
+        nvml = self._nvml
+        with self._lock:
+            inside = edge or len(self._window) == 1
+        readings = (
+            self._read("SM clock", nvml.sm_clock_mhz),
+            self._read("power", nvml.power_w),
+            self._read("temperature", nvml.temperature_c),
+            self._read("throttle reasons", nvml.throttle_reasons) or [],
+            self._read("processes", nvml.process_ids),
+        )
+        with self._lock:
+            if edge or (inside and len(self._window) == 1):  # not closed while reading
+                self._keep(*readings)
+
+    def _keep(
+        self, clock: float | None, power: float | None, temperature: float | None,
+        reasons: list[str], processes: list[int] | None,
+    ) -> None:  # fmt: skip
+        telemetry = self.telemetry
         telemetry.samples += 1
-        _append(telemetry.sm_clock_mhz, self._read("SM clock", nvml.sm_clock_mhz))
-        _append(telemetry.power_w, self._read("power", nvml.power_w))
-        temperature = self._read("temperature", nvml.temperature_c)
+        _append(telemetry.sm_clock_mhz, clock)
+        _append(telemetry.power_w, power)
         if temperature is not None:
             telemetry.temperature_c_max = max(temperature, telemetry.temperature_c_max or 0.0)
-        reasons = self._read("throttle reasons", nvml.throttle_reasons) or []
         telemetry.throttle_reasons = list(dict.fromkeys([*telemetry.throttle_reasons, *reasons]))
-        _append(telemetry.process_ids, self._read("processes", nvml.process_ids))
+        _append(telemetry.process_ids, processes)
 
     def _read(self, what: str, read: Callable[[], Any]) -> Any:
         if what in self.telemetry.unreadable:

@@ -14,10 +14,18 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 Clock = Callable[[], float]
 MILLISECONDS_PER_SECOND = 1000.0
+
+
+class WindowEdges(Protocol):
+    """Told when the measured window's clock starts and stops."""
+
+    def opened(self) -> None: ...
+
+    def closed(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -62,13 +70,17 @@ class CpuTimer:
     def synchronize(self) -> None:
         """Nothing to wait for on the host."""
 
-    def begin(self) -> None:
+    def begin(self, edges: WindowEdges | None = None) -> None:
         self.synchronize()
+        if edges is not None:
+            edges.opened()
         self._start = self._clock()
 
-    def end(self) -> None:
+    def end(self, edges: WindowEdges | None = None) -> None:
         self.synchronize()
         self._stop = self._clock()
+        if edges is not None:
+            edges.closed()
 
     @contextmanager
     def step(self) -> Iterator[None]:
@@ -118,23 +130,29 @@ def make_timer(torch_module: Any, device: Any) -> CpuTimer:
 
 
 def timed_loop(
-    timer: CpuTimer, step: Callable[[], Any], steps: int, keep: int = -1
+    timer: CpuTimer,
+    step: Callable[[], Any],
+    steps: int,
+    keep: int = -1,
+    edges: WindowEdges | None = None,
 ) -> tuple[TimingResult, Any, Any]:
     """Run ``step`` ``steps`` times under ``timer``; return the timings, the last output and
-    output number ``keep`` (0-based; None when out of range).
+    output number ``keep`` (0-based; None when out of range). ``edges`` hears the window's
+    clock start (after the device is synchronised) and stop (right after the clock is read),
+    so that what it measures (energy) is of exactly the window.
 
     An earlier output than the last is copied when it comes, outside the step's own timing but
     inside the window: one scalar copy queued on the device, no synchronisation. It is a copy
     because a CUDA graph's replay (and cudagraph trees') overwrites its static outputs in place.
     """
     output = kept = None
-    timer.begin()
+    timer.begin(edges)
     for index in range(steps):
         with timer.step():
             output = step()
         if index == keep:
             kept = output if index == steps - 1 else _copy(output)
-    timer.end()
+    timer.end(edges)
     return timer.result(), output, kept
 
 

@@ -1,0 +1,47 @@
+"""The config's JSON Schema and the defaults it holds, without a validator.
+
+Reading defaults needs only YAML: the aggregation and the GPU check use them on machines that
+have no ``jsonschema`` (a GPU node's fixed image), while :mod:`ptspeed.plan.config` validates
+against the same file where the workflow runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROJECT_DIR = Path(__file__).resolve().parents[3]
+SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
+
+
+@functools.cache
+def load_schema(path: str | os.PathLike[str] = SCHEMA_PATH) -> dict[str, Any]:
+    """The config's JSON Schema, which also holds every config default."""
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def fill_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
+    """Set every absent property that has a ``default`` in ``schema``, recursively through
+    ``properties`` (a default ``{}`` gets its own properties' defaults too)."""
+    if not isinstance(instance, dict):
+        return
+    for key, spec in (schema.get("properties") or {}).items():
+        if key not in instance and "default" in spec:
+            instance[key] = copy.deepcopy(spec["default"])
+        if key in instance:
+            fill_defaults(instance[key], spec)
+
+
+def default_of(*keys: str) -> Any:
+    """The schema's default of the property at ``keys`` (``default_of("env_cache")``)."""
+    spec: Mapping[str, Any] = load_schema()
+    for key in keys:
+        spec = spec["properties"][key]
+    return copy.deepcopy(spec["default"])
