@@ -97,7 +97,26 @@ KERNEL_KINDS = {
     "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>": "reduction",
     "ncclKernel_AllReduce_RING_LL_Sum_float": "collective",
     "void at::native::multi_tensor_apply_kernel<TensorListMetadata<3>>": "optimizer",
+    "triton_tem_fused_mm_0": "matmul",
+    "triton_tem_fused_flex_attention_0": "attention",
 }
+# GEMM kernels as the profiler names them on each GPU generation the platforms list.
+GEMM_KERNELS = (
+    "volta_sgemm_128x64_nn",  # sm_70, cuBLAS 10/11
+    "volta_h884gemm_64x64_ldg8_nn",
+    "turing_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn",  # sm_75
+    "ampere_sgemm_128x64_nn",  # sm_80/86
+    "ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn",
+    "sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize128x128x32_stage4_warpsize2x2x1_tensor16x8x16",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_"
+    "segment_k_off_kernel__5x_cublas",  # sm_90, cuBLAS 12.0-12.3
+    "nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT",  # sm_90, cuBLAS 12.4+
+    "nvjet_tst_192x192_64x3_2x1_v_bz_coopB_TNN",
+    "nvjet_sm100_tst_256x128_64x4_2x1_2cta_v_bz_TNT",  # sm_100
+    "void cutlass::Kernel2<cutlass_80_wmma_tensorop_f16_s161616gemm_f16_32x32_128x2_tn_align8>",
+    "cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8_warpspecialized",
+    "triton_tem_fused_addmm_relu_0",  # Inductor's mm template
+)
 
 
 @pytest.mark.parametrize(("name", "kind"), OP_KINDS.items())
@@ -183,6 +202,47 @@ def test_gpu_time_by_kind_counts_overlap_once_and_the_rest_is_idle() -> None:
     times = {kind: round(value * 1e6, 6) for kind, value in parts.time_by_kind_s.items()}
     assert times == {"matmul": 40.0, "optimizer": 10.0, "idle": 50.0}
     assert parts.sums and parts.kernels_per_step == 2
+
+
+def _launched(kernel: str, *around: str, launch: str = "cudaLaunchKernel") -> dict:
+    """A one-step GPU trace: ``kernel`` (40 us of a 100 us step) launched inside the ops
+    ``around`` (outermost first)."""
+    events = [
+        _event(f"{STEP_ANNOTATION}0", 0, 100, "user_annotation"),
+        {**_event(f"{STEP_ANNOTATION}0", 0, 100, "gpu_user_annotation"), "tid": 7},
+        *(_event(op, 1 + depth, 20 - 2 * depth) for depth, op in enumerate(around)),
+        _event(launch, 8, 2, "cuda_runtime", correlation=1),
+        {**_event(kernel, 10, 40, "kernel", correlation=1), "tid": 7},
+    ]
+    return {"traceEvents": events}
+
+
+GEMM_CONTEXTS = {
+    "eager": ("aten::linear", "aten::addmm"),
+    "compiled": ("CompiledFunction", "## Call CompiledFxGraph f1 ##", "aten::mm"),
+    "graph replay": ("CompiledFunction",),  # a CUDA graph: one launch, no op per kernel
+}
+
+
+@pytest.mark.parametrize("context", GEMM_CONTEXTS)
+@pytest.mark.parametrize("kernel", GEMM_KERNELS)
+def test_gemms_of_every_generation_are_matmul_in_every_context(kernel: str, context: str) -> None:
+    launch = "cudaGraphLaunch" if context == "graph replay" else "cudaLaunchKernel"
+    parts = breakdown(_launched(kernel, *GEMM_CONTEXTS[context], launch=launch))
+    times = {kind: round(value * 1e6, 6) for kind, value in parts.time_by_kind_s.items()}
+    assert times == {"matmul": 40.0, "idle": 60.0}
+
+
+def test_a_kernel_named_for_nothing_takes_the_kind_of_the_op_that_launched_it() -> None:
+    """Inside a compiled region an extern ``aten::mm`` launches cuBLAS: a GEMM whatever its
+    name; a Triton kernel there is compiler-generated."""
+    inside = ("CompiledFunction", "## Call CompiledFxGraph f1 ##")
+    mm = breakdown(_launched("void tile_kernel_plain<float>", *inside, "aten::mm"))
+    assert set(mm.time_by_kind_s) == {"matmul", "idle"}
+    unnamed = breakdown(_launched("void some_kernel<float>", *inside))
+    assert set(unnamed.time_by_kind_s) == {"compiled", "idle"}
+    generated = breakdown(_launched("triton_poi_fused_add_0", *inside, "triton_poi_fused_add_0"))
+    assert set(generated.time_by_kind_s) == {"compiled", "idle"}
 
 
 def test_a_trace_without_steps_is_refused() -> None:

@@ -348,15 +348,22 @@ _KERNEL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (kind, re.compile(pattern))
     for kind, pattern in (
         ("collective", r"nccl|all_?reduce|all_?gather|reduce_?scatter|sendrecv"),
+        # Inductor's templates are GEMMs, convolutions and attention written in Triton: what
+        # they compute, not who wrote them, is their kind (as cuBLAS's GEMM beside them).
+        ("attention", r"triton_tem_\w*(attention|flex)"),
+        ("matmul", r"triton_tem_"),
         ("compiled", r"triton|cpp_fused"),
         ("attention", r"flash|fmha|attention|attn|efficient_att|sdpa"),
         ("optimizer", r"multi_tensor_apply|foreach|fused_adam|fused_sgd|adam_|sgd_"),
         ("norm", r"norm(?!al)|bn_fw|bn_bw|batchnorm|layernorm"),
         (
             "matmul",
-            r"gemm|cutlass|xmma|cublas|cudnn|conv|wgrad|dgrad|fprop|winograd|"
-            r"implicit_convolve|sm\d+_xmma|ampere_|volta_|turing_|hopper_|sm90_|gemv|dot_kernel|"
-            r"splitk|magma",
+            # cuBLAS's and cuDNN's GEMM and convolution kernels of every generation: volta_,
+            # turing_, ampere_ (sm_70 to sm_86), smNN_xmma (sm_80 to sm_100), nvjet_ (cuBLAS
+            # 12.x's GEMMs on Hopper and Blackwell), CUTLASS's, and the rest by what they do.
+            r"gemm|cutlass|xmma|wgmma|cublas|cudnn|conv|wgrad|dgrad|fprop|winograd|"
+            r"implicit_convolve|sm\d+_xmma|ampere_|volta_|turing_|hopper_|sm\d+_|nvjet|gemv|"
+            r"dot_kernel|splitk|magma",
         ),
         (
             "copy",
@@ -651,12 +658,24 @@ def _gpu_breakdown(
 
 
 def _device_kind(event: _Event, launch: _Event | None) -> str:
+    """A GPU event's kind: the optimizer's where the optimizer launched it, else what its name
+    says, else what the op that launched it computes (an ``aten::mm`` inside a compiled region
+    launches a GEMM), else compiler-generated inside a compiled region."""
     if launch is not None and launch.in_optimizer:
         return "optimizer"
     kind = classify_kernel(event.name, event.category)
     if kind is None and launch is not None:
-        kind = "compiled" if launch.in_compiled else launch.kind
+        kind = _launcher_kind(launch) or ("compiled" if launch.in_compiled else launch.kind)
     return kind if kind is not None and kind != "host" else "other"
+
+
+def _launcher_kind(launch: _Event) -> str | None:
+    """The kind of the innermost op around a launch whose name says what it computes; None
+    where a compiled region (or nothing) comes first."""
+    op = launch.parent
+    while op is not None and op.own in (None, "host"):
+        op = op.parent
+    return op.own if op is not None and op.own != "compiled" else None
 
 
 def _rounded(counts: Mapping[str, float]) -> dict[str, float]:
