@@ -19,7 +19,7 @@ SHELL_SCRIPTS := docker/install.sh .ci/packages.sh .ci/podman.sh .ci/slurm.sh .c
 DEVICE ?= cuda
 ENVS ?=
 PATHS ?=
-BUDGET_S ?= 480
+BUDGET_S ?= 360
 CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 
 .PHONY: setup run test test-fast lint format clean gpu-check

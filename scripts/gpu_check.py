@@ -68,38 +68,43 @@ class CheckedPath:
     seq_len: int = 32
     gpus: int = 1  # GPUs it needs (2-process NCCL, two stages): left out on a smaller node
     profiled: int = 0  # steps run under torch.profiler after the window (the workflow's 3)
+    # Seconds the path takes on a GPU node, start-up, probes, cold compile and profiled steps
+    # included (measured on an H200, torch 2.11); scaled by this node's pace as the check runs.
+    cost_s: float = 12.0
 
 
 # In the order they run: when --budget-s runs out, the paths left are the least telling.
 PATHS = (
     CheckedPath("eager", "mlp", "eager", profiled=3),
-    CheckedPath("compile", "mlp", "compile", profiled=3),
+    CheckedPath("compile", "mlp", "compile", profiled=3, cost_s=35.0),
     # Logits of 16 x 32 x 50257 = 25.7 M elements, past 2**24: the numerics gate's output
     # sample of an infer cell once indexed past the end there (a device-side assert).
-    CheckedPath("infer compile, big output", "gpt2-tiny", "compile", mode="infer"),
+    CheckedPath("infer compile, big output", "gpt2-tiny", "compile", mode="infer", cost_s=40.0),
     CheckedPath("infer cudagraphs", "mlp", "cudagraphs", mode="infer"),
-    CheckedPath("cudagraphs", "mlp", "cudagraphs"),
+    CheckedPath("cudagraphs", "mlp", "cudagraphs", profiled=3),
     CheckedPath("amp fp16", "mlp", "amp=fp16"),
     CheckedPath("amp bf16", "mlp", "amp=bf16"),
     CheckedPath("cudagraphs bf16", "mlp", "cudagraphs+amp=bf16"),
     CheckedPath("cudagraphs + loader", "mlp", "cudagraphs+loader=2+pin", since=(2, 1)),
-    CheckedPath("compile reduce-overhead", "mlp", "compile=reduce-overhead"),
+    CheckedPath(
+        "compile reduce-overhead", "mlp", "compile=reduce-overhead", profiled=3, cost_s=40.0
+    ),
     CheckedPath("lstm (cuDNN RNN)", "lstm-lm", "eager", batch_size=8),
-    CheckedPath("ddp, 1 process", "mlp", "ddp+procs=1"),
+    CheckedPath("ddp, 1 process", "mlp", "ddp+procs=1", cost_s=20.0),
     CheckedPath("ddp, 2 processes", "mlp", "ddp", gpus=2),
     CheckedPath("pipeline, 2 stages", "mlp", "pipeline=2+chunks=2", gpus=2),
-    CheckedPath("fsdp, 1 process", "resnet50", "fsdp+procs=1", batch_size=2),
-    CheckedPath("fsdp offload, 1 process", "mlp", "fsdp=offload+procs=1"),
-    CheckedPath("channels_last", "resnet50", "channels_last", batch_size=2),
+    CheckedPath("fsdp, 1 process", "resnet50", "fsdp+procs=1", batch_size=2, cost_s=25.0),
+    CheckedPath("fsdp offload, 1 process", "mlp", "fsdp=offload+procs=1", cost_s=20.0),
+    CheckedPath("channels_last", "resnet50", "channels_last", batch_size=2, cost_s=15.0),
     CheckedPath("memfrac", "mlp", "memfrac=0.5"),
     CheckedPath("loader", "mlp", "loader=2"),
     CheckedPath("pin + loader", "mlp", "loader=2+pin"),
     CheckedPath("prefetch", "mlp", "loader=2+pin+prefetch"),
-    CheckedPath("tf32 on", "resnet50", "tf32=on", batch_size=2),
-    CheckedPath("cudnn_benchmark", "resnet50", "cudnn_benchmark", batch_size=2),
+    CheckedPath("tf32 on", "resnet50", "tf32=on", batch_size=2, cost_s=15.0),
+    CheckedPath("cudnn_benchmark", "resnet50", "cudnn_benchmark", batch_size=2, cost_s=15.0),
     CheckedPath("jit script", "mlp", "jit=script"),
-    CheckedPath("jit trace", "resnet50", "jit=trace", batch_size=2),
-    CheckedPath("attn sdpa", "bert-tiny", "attn=sdpa", batch_size=2, since=(2, 1)),
+    CheckedPath("jit trace", "resnet50", "jit=trace", batch_size=2, cost_s=15.0),
+    CheckedPath("attn sdpa", "bert-tiny", "attn=sdpa", batch_size=2, since=(2, 1), cost_s=15.0),
     CheckedPath(
         "gate: wrong gradients", "mlp", "loader=0", fault="grad", expect="numerics_mismatch"
     ),
@@ -114,10 +119,15 @@ PATHS = (
         image_size=224,
         expect="oom",
         devices=("cuda",),
+        cost_s=15.0,
     ),
 )
 NOT_RUN = "not run"
-MIN_PATH_S = 20.0  # a path started with less budget left than this would not end in it
+# A cell's watchdog ends it at its own time limit; a child still running this long after
+# that is stuck, and is killed so that the check can print its table.
+STUCK_AFTER_S = 120.0
+# Six minutes: a node lent for 15 holds a run, its start and a rerun.
+DEFAULT_BUDGET_S = 360.0
 
 
 @dataclass
@@ -215,8 +225,9 @@ def record_file(out_dir: Path, env: str, path: CheckedPath) -> Path:
 
 def run_path(
     env: str, python: str, path: CheckedPath, device: str, out_dir: Path, timeout_s: float
-) -> tuple[Record | None, float]:
-    """Run the path's cell; its record (None when it wrote none) and the seconds it took."""
+) -> tuple[Record | None, float, str]:
+    """Run the path's cell; its record (None when it wrote none), the seconds it took, and why
+    it was killed ('' when it ended by itself)."""
     record_path = record_file(out_dir, env, path)
     record_path.unlink(missing_ok=True)  # an earlier check's record is not this one's
     spec = CellSpec(
@@ -231,10 +242,39 @@ def run_path(
     command = [python, "-m", "ptspeed", "cell", *to_arguments(spec), "--out", str(record_path)]
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     started = time.monotonic()
-    subprocess.run(command, env=environment, cwd=ROOT, timeout=timeout_s + 120, check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    killed = run_bounded(command, environment, timeout_s + STUCK_AFTER_S)
     seconds = time.monotonic() - started
-    return (read_record(record_path) if record_path.exists() else None), seconds
+    return (read_record(record_path) if record_path.exists() else None), seconds, killed
+
+
+def run_bounded(command: list[str], environment: dict[str, str], limit_s: float) -> str:
+    """Run ``command`` in a process group of its own; past ``limit_s``, or when the check
+    itself is stopped, end the whole group. Why it was ended ('' when it ended by itself)."""
+    child = subprocess.Popen(command, env=environment, cwd=ROOT, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        child.wait(timeout=limit_s)
+        return ""
+    except subprocess.TimeoutExpired:
+        return f"stuck: still running {limit_s:.0f} s after it started, killed"
+    finally:
+        if child.poll() is None:
+            _end_group(child)
+
+
+def _end_group(child: subprocess.Popen[bytes]) -> None:
+    """TERM to the child's process group (the watchdog, its worker, torchrun's ranks), KILL
+    to what is left after a grace period."""
+    for signum, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def outcome_of(
@@ -383,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-check")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
     parser.add_argument(
-        "--budget-s", type=float, default=480.0,
+        "--budget-s", type=float, default=DEFAULT_BUDGET_S,
         help="seconds for the whole check: the paths left when it is spent are listed, not run",
     )  # fmt: skip
     parser.add_argument("--envs", default="", help="comma-separated subset of environments")
@@ -427,6 +467,28 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if unexpected else 0
 
 
+class Budget:
+    """The check's seconds, spent path by path: a path is admitted only where its cost,
+    scaled by this node's pace so far (seconds taken over seconds estimated), fits in what is
+    left."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._begun = time.monotonic()
+        self._taken_s = self._estimated_s = 0.0
+
+    def left_s(self) -> float:
+        return self.seconds - (time.monotonic() - self._begun)
+
+    def estimate_s(self, path: CheckedPath) -> float:
+        pace = self._taken_s / self._estimated_s if self._estimated_s else 1.0
+        return path.cost_s * pace
+
+    def spent(self, path: CheckedPath, seconds: float) -> None:
+        self._taken_s += seconds
+        self._estimated_s += path.cost_s
+
+
 def run_paths(
     args: argparse.Namespace,
     wanted: list[str],
@@ -436,7 +498,7 @@ def run_paths(
 ) -> None:
     """Each environment's paths in priority order, within ``args.budget_s``; a path the
     budget or the node's GPUs leave out is listed as not run, saying why."""
-    begun = time.monotonic()
+    budget = Budget(args.budget_s)
     gpus = len(node_pool().ids) if args.device == "cuda" else 0
     for env in wanted:
         version, torch, python = torch_version(found[env])
@@ -448,23 +510,40 @@ def run_paths(
             expected = (
                 "unsupported" if no_code else expected_status(path, args.device, torch, python)
             )
-            left_s = args.budget_s - (time.monotonic() - begun)
-            why_not = (
-                f"needs {path.gpus} GPUs, the node has {gpus}"
-                if args.device == "cuda" and path.gpus > max(gpus, 1)
-                else f"the budget of {args.budget_s:.0f} s was spent"
-                if left_s < MIN_PATH_S
-                else ""
-            )  # fmt: skip
+            why_not = left_out(path, args.device, gpus, budget)
             if why_not:
                 outcomes.append(Outcome(env, version, path.name, path.knobs, NOT_RUN, NOT_RUN,
                                         why_not, 0.0, None, "", ""))  # fmt: skip
                 continue
-            timeout_s = min(args.timeout, left_s)
-            record, seconds = run_path(env, found[env], path, args.device, args.out, timeout_s)
+            timeout_s = min(args.timeout, budget.left_s())
+            record, seconds, killed = run_path(
+                env, found[env], path, args.device, args.out, timeout_s
+            )
+            budget.spent(path, seconds)
             record_path = record_file(args.out, env, path)
-            outcomes.append(outcome_of(env, version, path, expected, record, seconds, record_path))
-            print(f"{env} {path.name}: {outcomes[-1].status} ({seconds:.0f} s)", flush=True)
+            outcome = outcome_of(env, version, path, expected, record, seconds, record_path)
+            if killed:
+                outcome.reason = outcome.complaint = killed
+            elif record is not None and record.status == "timeout" and timeout_s < args.timeout:
+                outcome.status, outcome.expected = NOT_RUN, NOT_RUN
+                outcome.reason = (
+                    f"the budget cut it: {timeout_s:.0f} s were left of {args.budget_s:.0f} s"
+                )
+            outcomes.append(outcome)
+            print(f"{env} {path.name}: {outcome.status} ({seconds:.0f} s)", flush=True)
+
+
+def left_out(path: CheckedPath, device: str, gpus: int, budget: Budget) -> str:
+    """Why ``path`` is not run ('' when it is): the node's GPUs, or the budget left."""
+    if device == "cuda" and path.gpus > max(gpus, 1):
+        return f"needs {path.gpus} GPUs, the node has {gpus}"
+    estimate_s, left_s = budget.estimate_s(path), budget.left_s()
+    if estimate_s > left_s:
+        return (
+            f"budget: needs about {estimate_s:.0f} s, {max(left_s, 0):.0f} s left of "
+            f"{budget.seconds:.0f} s"
+        )
+    return ""
 
 
 def _stop(signum: int, frame: object) -> None:

@@ -162,7 +162,7 @@ def test_the_budget_and_the_nodes_gpus_leave_paths_out_listed(
     assert "0 of 0 paths as expected, 3 not run" in out
     rows = {o["path"]: o for o in json.loads((tmp_path / "summary.json").read_text())["outcomes"]}
     assert rows["ddp, 2 processes"]["reason"].startswith("needs 2 GPUs, the node has ")
-    assert rows["cudagraphs"]["reason"] == "the budget of 0 s was spent"
+    assert rows["cudagraphs"]["reason"] == "budget: needs about 12 s, 0 s left of 0 s"
     assert {o["status"] for o in rows.values()} == {"not run"}
 
 
