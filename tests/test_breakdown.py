@@ -139,7 +139,9 @@ def _trace(name: str) -> dict:
         return json.load(handle)
 
 
-@pytest.mark.parametrize("name", sorted(p.name.removesuffix(".json.gz") for p in TRACES.iterdir()))
+@pytest.mark.parametrize(
+    "name", sorted(p.name.removesuffix(".json.gz") for p in TRACES.glob("*.json.gz"))
+)
 def test_real_traces_sum_to_the_step_time(name: str) -> None:
     """Traces of three mlp steps in torch 1.13.1, 2.0.1 and 2.14.1 (eager and compiled)."""
     parts = breakdown(_trace(name))
@@ -231,6 +233,22 @@ def test_gemms_of_every_generation_are_matmul_in_every_context(kernel: str, cont
     parts = breakdown(_launched(kernel, *GEMM_CONTEXTS[context], launch=launch))
     times = {kind: round(value * 1e6, 6) for kind, value in parts.time_by_kind_s.items()}
     assert times == {"matmul": 40.0, "idle": 60.0}
+
+
+H200_VARIANTS = ("eager", "compile", "cudagraphs", "compile-reduce-overhead")
+
+
+def test_on_an_h200_the_same_gemms_are_matmul_in_every_variant() -> None:
+    """Traces recorded on an H200 (torch 2.11, CUDA 13, the GPU check's mlp): cuBLAS's and
+    CUTLASS's GEMMs count as matmul whether launched eagerly, from a compiled graph or replayed
+    from a CUDA graph, so matmul time agrees across the variants and nothing is left unnamed."""
+    parts = {name: breakdown(_trace(f"h200/torch-2.11-mlp-{name}")) for name in H200_VARIANTS}
+    matmul_us = {name: p.time_by_kind_s["matmul"] * 1e6 for name, p in parts.items()}
+    assert max(matmul_us.values()) / min(matmul_us.values()) < 1.1, matmul_us
+    for name, part in parts.items():
+        assert part.timeline == "gpu" and part.sums, name
+        assert "other" not in part.time_by_kind_s, (name, part.time_by_kind_s)
+    assert "compiled" in parts["compile"].time_by_kind_s
 
 
 def test_a_kernel_named_for_nothing_takes_the_kind_of_the_op_that_launched_it() -> None:

@@ -162,7 +162,7 @@ def test_the_budget_and_the_nodes_gpus_leave_paths_out_listed(
     assert "0 of 0 paths as expected, 3 not run" in out
     rows = {o["path"]: o for o in json.loads((tmp_path / "summary.json").read_text())["outcomes"]}
     assert rows["ddp, 2 processes"]["reason"].startswith("needs 2 GPUs, the node has ")
-    assert rows["cudagraphs"]["reason"] == "budget: needs about 12 s, 0 s left of 0 s"
+    assert rows["cudagraphs"]["reason"] == "budget: needs about 11 s, 0 s left of 0 s"
     assert {o["status"] for o in rows.values()} == {"not run"}
 
 
@@ -172,6 +172,7 @@ def test_a_cuda_trial_without_in_window_telemetry_is_unexpected() -> None:
     record = make_record("torch-2.0", "gpt2", "eager", 0, "ok", 100.0)
     record.cell.device = "cuda"
     path = next(p for p in gpu_check.PATHS if p.name == "amp fp16")
+    record.conditions.window_s = 2.0  # long enough for NVML's energy counter
     bare = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
     assert not bare.as_expected
     assert bare.complaint == (
@@ -187,6 +188,12 @@ def test_a_cuda_trial_without_in_window_telemetry_is_unexpected() -> None:
     assert (
         sampled.telemetry == "9 samples, SM 1980 MHz, 35.0 J (nvml), probe 12.1/12.3 ms at 1980 MHz"
     )
+    # A window shorter than NVML's energy counter can resolve has no energy, and says why.
+    conditions.window_s, conditions.energy_j = 0.02, None
+    conditions.energy_not_measured = "a 0.02 s window is shorter than 1 s"
+    short = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
+    assert short.as_expected, short.complaint
+    assert "energy: a 0.02 s window is shorter than 1 s" in short.telemetry
     record.cell.device = "cpu"
     on_cpu = gpu_check.outcome_of("host", "2.11", path, "ok", record, 1.0, Path("r.json"))
     assert on_cpu.as_expected  # the CPU's energy is reported where RAPL is readable, not required

@@ -22,7 +22,7 @@ import dataclasses, json, time, torch
 from ptspeed.cell.measurement import conditions
 window = conditions.begin(torch.device(DEVICE))
 window.opened()
-time.sleep(0.5)
+time.sleep(SECONDS)
 window.closed()
 print(json.dumps(dataclasses.asdict(window.end())))
 """
@@ -39,10 +39,10 @@ def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def window_conditions(device: str, **variables: str) -> dict:
-    """A 0.5 s window's Conditions, measured in a process of its own (the dynamic loader reads
+def window_conditions(device: str, seconds: float = 1.2, **variables: str) -> dict:
+    """A window's Conditions, measured in a process of its own (the dynamic loader reads
     LD_LIBRARY_PATH when a process starts)."""
-    code = WINDOW.replace("DEVICE", repr(device))
+    code = WINDOW.replace("DEVICE", repr(device)).replace("SECONDS", repr(seconds))
     environment = {**with_sources(), **variables}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=environment, timeout=120, check=False)  # fmt: skip
@@ -53,24 +53,36 @@ def window_conditions(device: str, **variables: str) -> dict:
 def test_the_gpu_is_sampled_through_the_window(fake_driver: Path) -> None:
     measured = window_conditions("cuda:0", LD_LIBRARY_PATH=str(fake_driver))
     assert measured["gpu_source"] == "nvml"
-    assert measured["gpu_samples"] >= 6  # every 50 ms over 0.5 s, and at both ends
+    assert measured["gpu_samples"] >= 12  # every 50 ms over 1.2 s, and at both ends
     assert (measured["gpu_sm_mhz_min"], measured["gpu_sm_mhz_max"]) == (1410.0, 1980.0)
     assert measured["gpu_sm_mhz_median"] in (1410.0, 1695.0, 1980.0)
     assert measured["gpu_sm_mhz_limit"] == 1980.0
     assert measured["gpu_throttle_reasons"] == "sw_power_cap"  # seen in some samples only
-    # Mean power is the window's energy over its length; a 0.5 s window has no maximum, as
-    # NVML's power reading averages over a second.
+    # Mean power is the window's energy over its length.
     assert measured["gpu_power_w_mean"] == pytest.approx(350.0, rel=0.01)
-    assert measured["gpu_temperature_c_max"] == 61.0
-    assert measured["gpu_power_w_max"] is None
+    assert measured["gpu_power_w_max"] == 350.0 and measured["gpu_temperature_c_max"] == 61.0
     assert measured["gpu_other_processes"] == 1  # pid 4242; the cell's own is not counted
     assert measured["energy_source"] == "nvml"
     assert measured["energy_j"] == pytest.approx(350 * measured["window_s"], rel=0.1, abs=1)
     assert 0 <= measured["sampler_cpu_s"] < 0.1
-    assert measured["not_readable"].endswith(
-        "GPU maximum power (a 0.5 s window is shorter than NVML's 1 s power average; mean "
-        "power is its energy over its length)"
+    assert "GPU" not in measured["not_readable"], measured["not_readable"]
+
+
+def test_a_window_shorter_than_nvml_s_meters_reports_no_energy_or_power(
+    fake_driver: Path,
+) -> None:
+    """NVML's energy counter moves every ~0.1 s and its power reading averages over ~1 s: a
+    0.3 s window's energy and power are not measured, saying why; its clocks are."""
+    measured = window_conditions("cuda:0", seconds=0.3, LD_LIBRARY_PATH=str(fake_driver))
+    assert measured["energy_j"] is None and measured["energy_source"] == ""
+    assert measured["energy_not_measured"].startswith("a 0.3")
+    assert (
+        "shorter than 1 s: NVML's energy counter moves in steps"
+        in (measured["energy_not_measured"])
     )
+    assert measured["gpu_power_w_mean"] is None and measured["gpu_power_w_max"] is None
+    assert "GPU power (a 0.3" in measured["not_readable"]
+    assert measured["gpu_samples"] >= 2 and measured["gpu_sm_mhz_median"] is not None
 
 
 def test_a_gpu_without_an_energy_counter_says_so(fake_driver: Path) -> None:
@@ -163,7 +175,7 @@ class StepClock:
         return self.now
 
 
-@pytest.mark.parametrize("window_s", [0.02, 3.0])
+@pytest.mark.parametrize("window_s", [0.02, 1.0, 3.0])
 def test_energy_and_power_are_those_of_the_window_alone(window_s: float) -> None:
     """The counter jumps before the window opens and after it closes (the warm-up, the probe,
     the sampler's start and stop): neither jump reaches the window's energy, and power sampled
@@ -183,8 +195,12 @@ def test_energy_and_power_are_those_of_the_window_alone(window_s: float) -> None
     nvml.power = 690.0
     sampler._sample()  # after it: not the window's
     measured = sampler.stop()
-    assert measured.energy_j == pytest.approx(400.0 * window_s)
     assert measured.window_s == pytest.approx(window_s)
     assert measured.samples == 2 and measured.power_w == [400.0, 400.0]
+    if window_s < telemetry.NVML_ENERGY_MIN_WINDOW_S:
+        assert measured.energy_j is None and measured.mean_power_w() is None
+        assert measured.max_power_w() is None
+        return
+    assert measured.energy_j == pytest.approx(400.0 * window_s)
     assert measured.mean_power_w() == pytest.approx(400.0)
-    assert measured.max_power_w() == (400.0 if window_s >= telemetry.NVML_POWER_AVERAGE_S else None)
+    assert measured.max_power_w() == 400.0

@@ -403,9 +403,9 @@ def _note_telemetry(conditions: Conditions, gpu: telemetry.GpuTelemetry) -> None
     unreadable = [f"GPU {what} ({why})" for what, why in gpu.unreadable.items()]
     if gpu.power_w and conditions.gpu_power_w_max is None:
         unreadable.append(
-            f"GPU maximum power (a {gpu.window_s or 0:.3g} s window is shorter than NVML's "
-            f"{telemetry.NVML_POWER_AVERAGE_S:g} s power average; mean power is its energy "
-            "over its length)"
+            f"GPU power (a {gpu.window_s or 0:.3g} s window is shorter than NVML's "
+            f"{telemetry.NVML_POWER_AVERAGE_S:g} s power average: no maximum, mean power from "
+            "the window's energy alone)"
         )
     conditions.not_readable = "; ".join(filter(None, [conditions.not_readable, *unreadable]))
 

@@ -33,6 +33,11 @@ SAMPLE_INTERVAL_S = 0.05
 # NVML's power reading averages over about this long (Hopper, Ada, GA10x); a window's maximum
 # power from its samples means something only past it.
 NVML_POWER_AVERAGE_S = 1.0
+# NVML's total-energy counter moves in steps, every 0.1 s on an H200 (driver 580: 30 steps of
+# 70 J in 3 s of GEMMs at 700 W, scripts/gpu_window_study.py). A window's energy is off by up
+# to one step at each edge: only a window of ten steps or more has its energy within 10 %.
+NVML_ENERGY_STEP_S = 0.1
+NVML_ENERGY_MIN_WINDOW_S = 10 * NVML_ENERGY_STEP_S
 NVML_SUCCESS = 0
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_CLOCK_SM = 1
@@ -185,9 +190,12 @@ class GpuTelemetry:
 
     def mean_power_w(self) -> float | None:
         """The window's mean power: its energy over its length (NVML's own reading averages
-        over a second, longer than many windows); the samples' mean where there is no energy."""
+        over a second, longer than many windows); the samples' mean where there is no energy
+        and the window outlasts that second; else None."""
         if self.energy_j is not None and self.window_s:
             return self.energy_j / self.window_s
+        if self.window_s is not None and self.window_s < NVML_POWER_AVERAGE_S:
+            return None
         return statistics.fmean(self.power_w) if self.power_w else None
 
     def max_power_w(self) -> float | None:
@@ -236,10 +244,18 @@ class GpuSampler:
         self._stopping.set()
         self._thread.join()
         telemetry = self.telemetry
-        if len(self._energy) == 2 and None not in self._energy:
-            telemetry.energy_j = self._energy[1] - self._energy[0]  # type: ignore[operator]
         if len(self._window) == 2:
             telemetry.window_s = self._window[1] - self._window[0]
+        if len(self._energy) != 2 or None in self._energy:
+            return telemetry
+        if telemetry.window_s is not None and telemetry.window_s < NVML_ENERGY_MIN_WINDOW_S:
+            telemetry.unreadable["energy"] = (
+                f"a {telemetry.window_s:.3g} s window is shorter than "
+                f"{NVML_ENERGY_MIN_WINDOW_S:g} s: NVML's energy counter moves in steps of about "
+                f"{NVML_ENERGY_STEP_S:g} s"
+            )
+        else:
+            telemetry.energy_j = self._energy[1] - self._energy[0]  # type: ignore[operator]
         return telemetry
 
     def _edge(self) -> None:
