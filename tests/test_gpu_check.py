@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import gpu_node_bed
 import pytest
 from helpers import ROOT, fake_libcuda, make_record, with_sources
 
@@ -241,3 +243,64 @@ def test_a_check_stopped_by_its_time_limit_still_prints_its_table(tmp_path: Path
     assert "stopped: the table holds the paths that ran" in out
     assert "env         torch" in out and (tmp_path / "summary.json").is_file()
     assert "1 of 1 paths as expected" in out  # eager, which ran
+
+
+@pytest.mark.slow
+@pytest.mark.venv
+@pytest.mark.network
+@pytest.mark.timeout(900)
+def test_its_cpu_half_runs_whole_with_a_gpu_node_s_packages(tmp_path: Path) -> None:
+    """``python3 scripts/gpu_check.py`` where there is no make, no jsonschema and no Snakemake
+    (a GPU node's fixed image: torch, torchvision, transformers 5, numpy, pandas, scipy,
+    pyyaml): the cells run, the aggregation half (the late numerics check, the judgement of
+    each trial) runs too, and a transformers model's path passes under transformers 5."""
+    uv = Path(sys.executable).with_name("uv")
+    python = gpu_node_bed.make_bed(tmp_path / "bed", uv)
+    for absent in gpu_node_bed.ABSENT:
+        probe = subprocess.run([str(python), "-c", f"import {absent}"], capture_output=True)
+        assert probe.returncode != 0, f"{absent} is importable in the bed"
+    done = subprocess.run(
+        [str(python), str(SCRIPT), "--device", "cpu", "--envs", "host", "--out", str(tmp_path),
+         "--paths", "amp-bf16,attn-sdpa,gate-wrong-gradients", "--budget-s", "600"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert "left out" not in done.stdout and "4 of 4 paths as expected" in done.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    late = {o["path"]: o["late"].split(":")[0] for o in summary["outcomes"]}
+    assert late["eager"] == "reference" and late["amp bf16"] == "passed", late
+
+
+@pytest.mark.slow
+def test_a_path_the_budget_cuts_is_not_run_and_not_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Eager is admitted (its cost fits the 20 s budget) but hangs: its watchdog ends it at the
+    budget's end, and the check lists it as not run, cut by the budget, and exits 0."""
+    monkeypatch.setenv("PTSPEED_FAULTS", "host/mlp/eager/train/*=hang")
+    arguments = ["--device", "cpu", "--envs", "host", "--paths", "eager", "--budget-s", "20"]
+    assert gpu_check.main([*arguments, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "0 of 0 paths as expected, 1 not run" in out
+    (row,) = json.loads((tmp_path / "summary.json").read_text())["outcomes"]
+    assert row["status"] == "not run"
+    assert re.fullmatch(r"the budget cut it: \d+ s were left of 20 s", row["reason"]), row
+
+
+def test_a_stuck_child_is_killed_and_the_table_still_prints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cell's process that outlives its own time limit (a watchdog stuck in a driver call)
+    is killed with its process group; the check goes on, prints its table and fails."""
+    stuck = tmp_path / "python"
+    stuck.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec {sys.executable} "$@"\nexec sleep 600\n')
+    stuck.chmod(0o755)
+    monkeypatch.setattr(gpu_check, "interpreters", lambda config: {"host": str(stuck)})
+    monkeypatch.setattr(gpu_check, "STUCK_AFTER_S", 1.0)
+    started = time.monotonic()
+    arguments = ["--device", "cpu", "--envs", "host", "--paths", "eager", "--timeout", "1"]
+    assert gpu_check.main([*arguments, "--out", str(tmp_path)]) == 1
+    assert time.monotonic() - started < 30
+    out = capsys.readouterr().out
+    assert "env         torch" in out and "0 of 1 paths as expected" in out
+    assert "unexpected: host eager: no record (stuck: still running 2 s after it started" in out
