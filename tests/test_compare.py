@@ -148,8 +148,16 @@ def test_significant_change_within_the_threshold_is_not_marked(compared: pd.Data
     row = row_of(compared, "nudged")
     assert row["significant"]
     assert (row["mark"], row["change"]) == (SAME, "significant, but within the 5% threshold")
+    # A smaller minimum effect alone does not call it: 3 % is within what two runs of
+    # identical code differ by (A/A); on a machine whose A/A runs agree better, it is called.
     strict = row_of(compare_runs(runs_frame(OLD), runs_frame(NEW), threshold=0.01), "nudged")
-    assert strict["mark"] == FASTER
+    assert strict["mark"] == SAME
+    assert strict["change"] == (
+        "x1.03 beside the machine, within the ±5% two runs of identical code differ by (A/A): "
+        "repeat the runs to tell"
+    )
+    steady = compare_runs(runs_frame(OLD), runs_frame(NEW), threshold=0.01, aa_spread=0.01)
+    assert row_of(steady, "nudged")["mark"] == FASTER
 
 
 def test_cells_missing_on_one_side_are_not_comparable(compared: pd.DataFrame) -> None:
@@ -257,7 +265,11 @@ def test_cli_prints_the_table_and_exits_1_when_slower(
     out = capsys.readouterr().out.splitlines()
     # Neither set has machine-speed probes: the machine comes first, saying so.
     assert out[0].startswith("no machine-speed probe in old and new")
-    assert out[1].split() == [h for header in DISPLAY_HEADERS for h in header.split()]
+    # Then the rule with its numbers, and where they came from: no config.json beside these.
+    assert out[1].startswith("rule: a cell is called slower (-) or faster (+) when its ratio")
+    assert "minimum effect 5%" in out[1] and "±5% two runs of identical code" in out[1]
+    assert out[1].endswith("windows under 0.5 s (defaults from the config schema)")
+    assert out[2].split() == [h for header in DISPLAY_HEADERS for h in header.split()]
     slower = next(line for line in out if "/slower/" in line)
     assert slower.startswith("- ")
     assert "(n=10)" in slower and "slower" in slower
@@ -285,11 +297,12 @@ def test_cli_only_changed_and_outputs(
     )
     assert status == 1
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 1 + 1 + 5 + 2  # machine, header, + + - x x rows, verdict, slower
+    assert len(printed) == 1 + 1 + 1 + 5 + 2  # machine, rule, header, + + - x x, verdict, slower
     written = pd.read_csv(csv, keep_default_na=False)
     assert list(written.columns) == COMPARE_COLUMNS
     assert len(written) == 9  # the files hold every cell
-    lines = markdown.read_text(encoding="utf-8").splitlines()
+    rule, blank, *lines = markdown.read_text(encoding="utf-8").splitlines()
+    assert rule.startswith("rule: ") and not blank
     assert lines[0] == "| mark | " + " | ".join(DISPLAY_HEADERS[1:]) + " |"
     assert len(lines) == 2 + 9
     assert any(line.startswith("| - | ") for line in lines)

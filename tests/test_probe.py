@@ -208,7 +208,7 @@ def test_identical_code_on_a_machine_20_percent_slower_flags_no_cell_and_names_t
     assert compared["corrected_ratio"].between(0.95, 1.05).all()
     assert all("as the machine's own change explains" in c for c in compared["change"])
     lines = machine_lines(machine_changes(old_runs, new_runs))
-    assert lines[0].startswith("MACHINE CHANGED between the runs: machine (cpu, 1 thread)")
+    assert lines[0].startswith("MACHINE CHANGED between the runs: machine in host, cpu, 1 thread")
     assert re.search(
         r"probe (39|40)\.\d ms \(n=18\) in old, (49|50)\.\d ms \(n=18\) in new", lines[0]
     )
@@ -256,8 +256,12 @@ def test_below_the_minimum_effect_nothing_is_flagged() -> None:
     row = compare_runs(old_runs, new_runs).set_index("variant").loc["compile"]
     assert (row["mark"], row["significant"]) == (SAME, True)
     assert row["change"] == "significant, but within the 5% threshold"
+    # 3 % is within what two runs of identical code differ by (A/A: 5 %); where they agree
+    # better, the smaller minimum effect calls it.
     strict = compare_runs(old_runs, new_runs, threshold=0.02).set_index("variant")
-    assert strict.loc["compile", "mark"] == SLOWER
+    assert strict.loc["compile", "mark"] == SAME
+    steady = compare_runs(old_runs, new_runs, threshold=0.02, aa_spread=0.01)
+    assert steady.set_index("variant").loc["compile", "mark"] == SLOWER
 
 
 def test_no_change_is_called_in_windows_too_short_to_judge() -> None:
@@ -363,7 +367,7 @@ def test_an_a_a_run_calls_no_cell_faster_or_slower(
     assert status == 0, out
     assert set(compared["mark"]) == {SAME}, out
     # Said first, whether or not it changed (on a shared machine it may have).
-    assert out.startswith(("machine (cpu, 1 thread): probe", "MACHINE CHANGED")), out
+    assert out.startswith(("machine in host (torch ", "MACHINE CHANGED")), out
 
 
 @a_a_test
@@ -385,7 +389,7 @@ def test_a_real_regression_is_still_called_slower(aa_runs: dict[str, Path], tmp_
     assert status == 1, out
     # The machine drifts a few per cent between runs on its own (x0.96 [0.96–0.98] here once):
     # the regression is called slower whatever the machine line says.
-    assert out.splitlines()[0].startswith(("machine (cpu, 1 thread)", "MACHINE CHANGED")), out
+    assert out.splitlines()[0].startswith(("machine in host", "MACHINE CHANGED")), out
 
 
 @pytest.mark.workflow

@@ -11,6 +11,7 @@ import pandas as pd
 
 from ptspeed.analysis import late_numerics, ranks, stats
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE
+from ptspeed.analysis.compare import Rule
 from ptspeed.analysis.conditions import settings
 from ptspeed.cell.measurement.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.render.breakdown import PROFILING_METHOD
@@ -245,11 +246,8 @@ def method_section(inputs: ReportInputs) -> Section:
         [
             "against an earlier run",
             "scripts/compare.py's rule (compare.earlier): per cell the Hodges–Lehmann ratio new "
-            "/ old with its exact interval and the Mann–Whitney test, and the machine's ratio "
-            "from the probes of the same trials; a cell is slower (faster) only when the change "
-            "is significant, its ratio and its ratio / machine are beyond compare.min_effect, "
-            "its interval lies wholly below (above) both 1 and the machine's interval, and its "
-            "windows last conditions.min_window_s or more",
+            "/ old with its exact interval, and per environment the machine's ratio from the "
+            f"probes of the same trials; {Rule.of(config).words()}",
         ],
         ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
     ]

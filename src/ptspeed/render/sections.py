@@ -18,9 +18,11 @@ import pandas as pd
 
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
 from ptspeed.analysis.compare import (
-    DEFAULT_THRESHOLD,
+    AA_SPREAD,
     DISPLAY_HEADERS,
+    Rule,
     compare_runs,
+    defaults_of,
     display_rows,
     machine_changes,
     machine_lines,
@@ -203,13 +205,11 @@ def earlier_section(inputs: ReportInputs) -> Section | None:
     earlier = inputs.earlier
     if earlier is None:
         return None
-    conditions = settings(inputs.config)
-    keep = bool(conditions["keep_perturbed"])
+    defaults = defaults_of(inputs.config, "this run's config")
+    keep = defaults.keep_perturbed
     compare = inputs.config.get("compare") or {}
-    min_effect = float(compare.get("min_effect", DEFAULT_THRESHOLD))
-    compared = compare_runs(
-        earlier, inputs.runs, min_effect, keep, float(conditions["min_window_s"])
-    )
+    rule = Rule(defaults.min_effect, AA_SPREAD, defaults.min_window_s)
+    compared = compare_runs(earlier, inputs.runs, rule.min_effect, keep, rule.min_window_s)
     machine = [
         Block(note=line) for line in machine_lines(machine_changes(earlier, inputs.runs, keep))
     ]
@@ -229,12 +229,11 @@ def earlier_section(inputs: ReportInputs) -> Section | None:
         title="Against an earlier run",
         intro=(
             f"Each cell of this run (new) against {compare.get('earlier') or 'an earlier run'} "
-            "(old), "
-            f"as scripts/compare.py sets them: - slower, + faster beyond the machine's own "
-            f"change and {min_effect:.0%}, x not comparable (rule: Method)."
+            "(old), as scripts/compare.py sets them: - slower, + faster, x not comparable."
         ),
         blocks=[
             *machine,
+            Block(note=rule.line(defaults.source)),
             Block(
                 table=Table.of(columns, rows),
                 footnote=verdict_line(compared),
