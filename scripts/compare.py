@@ -37,26 +37,29 @@ import pandas as pd
 from ptspeed.analysis.columns import read_table
 from ptspeed.analysis.compare import (
     AA_SPREAD,
-    CROSS_CHECK_HEADERS,
-    DISPLAY_HEADERS,
     SAME,
     Rule,
-    as_markdown,
-    as_text,
     compare_runs,
-    cross_check_line,
-    cross_check_rows,
     cross_check_speedups,
-    display_rows,
     machine_changes,
-    machine_lines,
     read_runs,
     regressions,
     run_defaults,
     speedups_beside,
-    verdict_line,
 )
 from ptspeed.cell.files import write_atomic
+from ptspeed.render.comparison import (
+    CROSS_CHECK_HEADERS,
+    DISPLAY_HEADERS,
+    as_markdown,
+    as_text,
+    cross_check_line,
+    cross_check_rows,
+    display_rows,
+    machine_lines,
+    rule_line,
+    verdict_line,
+)
 
 EXIT_SLOWER = 1
 EXIT_BAD_INPUT = 2
@@ -113,13 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def write_outputs(
-    compared: pd.DataFrame, rows: list[list[str]], rule_line: str, paths: list[str]
+    compared: pd.DataFrame, rows: list[list[str]], rule: str, paths: list[str]
 ) -> None:
     for path in map(Path, paths):
         if path.suffix == ".csv":
             write_atomic(path, compared.to_csv(index=False))
         else:
-            write_atomic(path, rule_line + "\n\n" + as_markdown(DISPLAY_HEADERS, rows))
+            write_atomic(path, rule + "\n\n" + as_markdown(DISPLAY_HEADERS, rows))
 
 
 def print_cross_check(old: str, new: str) -> None:
@@ -149,14 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         compared = compare_runs(old, new, threshold, keep, window, args.aa_spread)
         for line in machine_lines(machine_changes(old, new, keep)):
             print(line)
-        rule_line = Rule(threshold, args.aa_spread, window).line(defaults.source)
-        print(rule_line)
+        rule = rule_line(Rule(threshold, args.aa_spread, window), defaults.source)
+        print(rule)
         shown = compared[compared["mark"] != SAME] if args.only_changed else compared
         rows = display_rows(shown)
         print(as_text(DISPLAY_HEADERS, rows), end="")
         print(verdict_line(compared))
         print_cross_check(args.old, args.new)
-        write_outputs(compared, display_rows(compared), rule_line, args.out)
+        write_outputs(compared, display_rows(compared), rule, args.out)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -20,19 +20,21 @@ from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.compare import (
     COMPARE_COLUMNS,
-    DISPLAY_HEADERS,
     FASTER,
     NOT_COMPARABLE,
     SAME,
     SLOWER,
     InputError,
     compare_runs,
-    cross_check_line,
     cross_check_speedups,
-    display_rows,
     machine_changes,
-    machine_lines,
     read_runs,
+)
+from ptspeed.render.comparison import (
+    DISPLAY_HEADERS,
+    cross_check_line,
+    display_rows,
+    machine_lines,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -400,7 +402,7 @@ def test_cli_prints_the_cross_check_when_both_sets_have_speedups(
         speedups_frame(("a", speedup, 1.4, 1.6)).to_csv(tables / "speedups.csv", index=False)
     assert compare_script.main([str(tmp_path / "old"), str(tmp_path / "new")]) == 0
     out = capsys.readouterr().out
-    assert "a: m (train)  1.50 [1.40–1.60]  1.55 [1.40–1.60]  yes" in out
+    assert "a: m (train)  ×1.50 (+50%) [1.40–1.60]  ×1.55 (+55%) [1.40–1.60]  yes" in out
     assert "speedups: 2 of 2 cross-checks hold" in out
 
 

@@ -20,18 +20,12 @@ import torch
 from helpers import HOSTS, ROOT, snakemake, write_config
 
 from ptspeed.analysis.columns import read_table
-from ptspeed.analysis.compare import (
-    FASTER,
-    SAME,
-    SLOWER,
-    compare_runs,
-    machine_changes,
-    machine_lines,
-)
+from ptspeed.analysis.compare import FASTER, SAME, SLOWER, compare_runs, machine_changes
 from ptspeed.analysis.conditions import judge_runs, perturbed_counts, probe_s
 from ptspeed.cell.faults import FAULTS_VARIABLE, SLOW_MACHINE, SLOW_STEP
 from ptspeed.cell.measurement import probe
 from ptspeed.cell.record import Conditions
+from ptspeed.render.comparison import machine_lines
 
 
 def load_compare_script() -> ModuleType:
@@ -212,7 +206,7 @@ def test_identical_code_on_a_machine_20_percent_slower_flags_no_cell_and_names_t
     assert re.search(
         r"probe (39|40)\.\d ms \(n=18\) in old, (49|50)\.\d ms \(n=18\) in new", lines[0]
     )
-    assert re.search(r"it ran x0\.8\d \[0\.\d\d–0\.\d\d\] as fast in new", lines[0]), lines[0]
+    assert re.search(r"its speed ×0\.8\d \(-\d\d%\) \[0\.\d\d–0\.\d\d\] in new", lines[0]), lines[0]
     # Without the machine's probes, the same tables would call every cell slower.
     blind = compare_runs(
         trial_rows(OLD, seed=1, probes=False), trial_rows(new, seed=2, probes=False)

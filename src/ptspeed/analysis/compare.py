@@ -81,14 +81,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pandas as pd
 
-from ptspeed.analysis import ranks, stats
+from ptspeed.analysis import ranks
 from ptspeed.analysis.aggregate import read_mapping
 from ptspeed.analysis.columns import (
     ALPHA,
@@ -96,18 +96,14 @@ from ptspeed.analysis.columns import (
     CONFIDENCE,
     platform_column,
     read_table,
-    unused_sizes,
 )
 from ptspeed.analysis.conditions import counted_in_speedups, probe_kind, probe_s, settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.errors import InputError
 from ptspeed.plan.config import fill_defaults, load_schema
 from ptspeed.plan.layout import (
-    PLACE_PATTERN,
     SIZE_KEYS,
-    platform_directory,
     runs_csv_of,
-    size_label,
 )
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
@@ -390,55 +386,6 @@ def _machine_of(
     return machine if machine is not None and machine.ratio is not None else None
 
 
-def machine_label(key: MachineKey) -> str:
-    """E.g. ``"torch-2.0 (torch 2.0.1), cpu, 1 thread"``, ``"torch-2.0, cuda, a100"``."""
-    if not key.kind:
-        return f"{key.env or 'no environment'}, no probe"
-    env = key.env + (f" (torch {key.torch})" if key.torch else "")
-    threads = key.threads
-    parts = [env, key.kind]
-    if key.kind == "cpu" and threads is not None:
-        parts.append(f"{threads} thread{'s' if threads != 1 else ''}")
-    return ", ".join([*parts, *([key.platform] if key.platform else [])])
-
-
-def machine_lines(machines: Mapping[MachineKey, Machine]) -> list[str]:
-    """What the machine did, to print before the cells: per machine key each run's median
-    probe and the ratio of its speed, the changed keys first, each saying what it means for
-    the cells."""
-    probed = {key: m for key, m in machines.items() if key.kind}
-    unprobed = [side for side, n in (("old", "old_trials"), ("new", "new_trials"))
-                if not any(getattr(m, n) for m in probed.values())]  # fmt: skip
-    lines = []
-    for machine in sorted(probed.values(), key=lambda m: not m.changed()):
-        lines.append(_machine_line(machine))
-    if unprobed:
-        lines.append(
-            f"no machine-speed probe in {' and '.join(unprobed)} (records from before probes): "
-            "a change of the machine cannot be told from a change of the code"
-        )
-    return lines
-
-
-def _machine_line(machine: Machine) -> str:
-    def probe(seconds: float, trials: int) -> str:
-        return "—" if math.isnan(seconds) else f"{seconds * 1e3:.1f} ms (n={trials})"
-
-    old = probe(machine.old_probe_s, machine.old_trials)
-    new = probe(machine.new_probe_s, machine.new_trials)
-    head = f"machine in {machine_label(machine.key)}: probe {old} in old, {new} in new"
-    ratio = machine.ratio
-    if ratio is None:
-        return head + ": not probed alike on both sides, its cells judged without it"
-    speed = _ratio(ratio.estimate, ratio.low, ratio.high, ratio.achieved_confidence)
-    if machine.changed():
-        return (
-            f"MACHINE CHANGED between the runs: {head}; it ran x{speed} as fast in new. Its "
-            "cells are judged by their ratio divided by the machine's"
-        )
-    return f"{head}; speed x{speed}: unchanged (within {MACHINE_CHANGE:.0%} or not significant)"
-
-
 def _plain(value: Any) -> Any:
     """A key part that compares equal across the two tables (NaN != NaN would split cells)."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
@@ -468,21 +415,6 @@ class Rule:
         """The rule a run's config sets (the schema's defaults filling the gaps)."""
         defaults = defaults_of(config, "")
         return cls(defaults.min_effect, AA_SPREAD, defaults.min_window_s)
-
-    def words(self) -> str:
-        """The rule in one sentence, with its numbers."""
-        return (
-            "a cell is called slower (-) or faster (+) when its ratio divided by its "
-            f"environment's machine ratio is beyond the minimum effect {self.min_effect:.0%} "
-            "and its interval (the trials', the machine's and the "
-            f"±{self.aa_spread:.0%} two runs of identical code differ by, added in quadrature) "
-            "excludes no change; never against the cell's own direction, nor in windows under "
-            f"{self.min_window_s:g} s"
-        )
-
-    def line(self, source: str) -> str:
-        """The rule to print before a comparison, saying where its defaults came from."""
-        return f"rule: {self.words()} (defaults from {source})"
 
 
 def corrected(
@@ -632,18 +564,6 @@ def regressions(compared: pd.DataFrame) -> pd.DataFrame:
     return compared[compared["mark"] == SLOWER]
 
 
-def verdict_line(compared: pd.DataFrame) -> str:
-    """E.g. ``"12 cells: 1 faster, 2 slower, 8 unchanged, 1 not comparable"``."""
-    counts = compared["mark"].value_counts()
-    parts = [
-        f"{counts.get(FASTER, 0)} faster",
-        f"{counts.get(SLOWER, 0)} slower",
-        f"{counts.get(SAME, 0)} unchanged",
-        f"{counts.get(NOT_COMPARABLE, 0)} not comparable",
-    ]
-    return f"{len(compared)} cells: " + ", ".join(parts)
-
-
 # --- speedups, both ways ---------------------------------------------------------------------
 
 SPEEDUP_KEYS = ["comparison", "model", "mode", *SIZE_KEYS]
@@ -682,107 +602,3 @@ def cross_check_speedups(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     both["new_inside_old"] = both["new_speedup"].between(both["old_low"], both["old_high"])
     both["old_inside_new"] = both["old_speedup"].between(both["new_low"], both["new_high"])
     return both[CROSS_CHECK_COLUMNS].reset_index(drop=True)
-
-
-def cross_check_rows(checked: pd.DataFrame) -> list[list[str]]:
-    """The cross-check as text: each speedup with its interval, and which checks hold."""
-    return [
-        [
-            f"{row['comparison']}: {row['model']} ({row['mode']})",
-            _ratio(row["old_speedup"], row["old_low"], row["old_high"], row["old_confidence"]),
-            _ratio(row["new_speedup"], row["new_low"], row["new_high"], row["new_confidence"]),
-            "yes" if row["new_inside_old"] else "NO",
-            "yes" if row["old_inside_new"] else "NO",
-        ]
-        for row in checked.to_dict("records")
-    ]
-
-
-CROSS_CHECK_HEADERS = ["speedup", "old [interval]", "new [interval]", "new in old", "old in new"]
-
-
-def cross_check_line(checked: pd.DataFrame) -> str:
-    """E.g. ``"speedups: 17 of 18 cross-checks hold (each run's speedup inside the other's
-    interval)"``."""
-    held = int(checked["new_inside_old"].sum() + checked["old_inside_new"].sum())
-    return (
-        f"speedups: {held} of {2 * len(checked)} cross-checks hold (each run's speedup inside "
-        "the other's interval)"
-    )
-
-
-# --- showing -------------------------------------------------------------------------------------
-
-DISPLAY_HEADERS = [
-    "",
-    "old samples/s",
-    "new samples/s",
-    "ratio [interval, 95% unless stated]",
-    "p",
-    "/ machine",
-    "cell",
-    "change",
-]
-
-
-def display_rows(compared: pd.DataFrame) -> list[list[str]]:
-    """The comparison as text: every rate with its ok trials, every ratio with its interval."""
-    return [
-        [
-            row["mark"],
-            _rate(row["old_samples_per_s"], row["old_trials"]),
-            _rate(row["new_samples_per_s"], row["new_trials"]),
-            _ratio(row["ratio"], row["ratio_low"], row["ratio_high"], row["ratio_confidence"]),
-            "" if math.isnan(row["p_value"]) else f"{row['p_value']:.3g}",
-            "" if math.isnan(row["corrected_ratio"]) else f"{row['corrected_ratio']:.2f}",
-            cell_label(row),
-            row["change"],
-        ]
-        for row in compared.to_dict("records")
-    ]
-
-
-def cell_label(row: Mapping[str, Any]) -> str:
-    place = {key: row[key] for key in ("env", "model", "variant", "mode")}
-    platform = platform_directory(row.get("platform") or "")
-    used = [key for key in SIZE_KEYS if key not in unused_sizes(row["model"])]
-    size = size_label({k: _integer(row[k]) for k in SIZE_KEYS}, used)
-    return PLACE_PATTERN.format(**place, platform=platform, size=size)
-
-
-def _integer(value: Any) -> str:
-    """A size as the layout writes it: ``64``, also where the table holds it as 64.0."""
-    plain = _plain(value)
-    return "?" if plain is None else str(plain)
-
-
-def _rate(median: float, trials: int) -> str:
-    return f"{'—' if math.isnan(median) else f'{median:.1f}'} (n={trials})"
-
-
-def _ratio(ratio: float, low: float, high: float, achieved: float) -> str:
-    """E.g. ``"1.34 [1.10–1.52] 90%"``: the level is shown where it falls short of 95 %."""
-    if math.isnan(ratio):
-        return "—"
-    if math.isnan(low):
-        return f"{ratio:.2f} [no interval]"
-    note = stats.confidence_note(CONFIDENCE, achieved)
-    return f"{ratio:.2f} [{low:.2f}–{high:.2f}]" + (f" {note}" if note else "")
-
-
-def as_text(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A fixed-width table for a terminal, the last column left unpadded."""
-    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers) - 1)]
-    lines = []
-    for cells in [headers, *rows]:
-        padded = [cell.ljust(width) for cell, width in zip(cells, widths, strict=False)]
-        lines.append("  ".join([*padded, cells[-1]]).rstrip())
-    return "\n".join(lines) + "\n"
-
-
-def as_markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") or " " for c in cells) + " |"
-
-    rule = "|" + "|".join(" --- " for _ in headers) + "|"
-    return "\n".join([line(["mark", *headers[1:]]), rule, *map(line, rows)]) + "\n"

@@ -15,6 +15,7 @@ from ptspeed.analysis.compare import Rule
 from ptspeed.analysis.conditions import settings
 from ptspeed.cell.measurement.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.render.breakdown import PROFILING_METHOD
+from ptspeed.render.comparison import rule_sentence
 from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank, plural
 from ptspeed.render.page import Block, ReportInputs, Section
 from ptspeed.render.tables import COMPILER_HEADER, Column, Row, Table, given
@@ -247,7 +248,7 @@ def method_section(inputs: ReportInputs) -> Section:
             "against an earlier run",
             "scripts/compare.py's rule (compare.earlier): per cell the Hodges–Lehmann ratio new "
             "/ old with its exact interval, and per environment the machine's ratio from the "
-            f"probes of the same trials; {Rule.of(config).words()}",
+            f"probes of the same trials; {rule_sentence(Rule.of(config))}",
         ],
         ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
     ]

@@ -17,21 +17,18 @@ from typing import Any
 import pandas as pd
 
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
-from ptspeed.analysis.compare import (
-    AA_SPREAD,
-    DISPLAY_HEADERS,
-    Rule,
-    compare_runs,
-    defaults_of,
-    display_rows,
-    machine_changes,
-    machine_lines,
-    verdict_line,
-)
+from ptspeed.analysis.compare import AA_SPREAD, Rule, compare_runs, defaults_of, machine_changes
 from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
 from ptspeed.render.breakdown import comparison_chart, version_blocks, why_column
+from ptspeed.render.comparison import (
+    DISPLAY_HEADERS,
+    display_rows,
+    machine_lines,
+    rule_line,
+    verdict_line,
+)
 from ptspeed.render.figures import (
     FIRST_STEP,
     PEAK_MEMORY,
@@ -233,7 +230,7 @@ def earlier_section(inputs: ReportInputs) -> Section | None:
         ),
         blocks=[
             *machine,
-            Block(note=rule.line(defaults.source)),
+            Block(note=rule_line(rule, defaults.source)),
             Block(
                 table=Table.of(columns, rows),
                 footnote=verdict_line(compared),
