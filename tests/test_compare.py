@@ -19,12 +19,14 @@ from helpers import write_fixture_records
 from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.compare import (
+    AA_SPREAD,
     COMPARE_COLUMNS,
     FASTER,
     NOT_COMPARABLE,
     SAME,
     SLOWER,
     InputError,
+    Rule,
     compare_runs,
     cross_check_speedups,
     machine_changes,
@@ -35,6 +37,7 @@ from ptspeed.render.comparison import (
     cross_check_line,
     display_rows,
     machine_lines,
+    rule_sentence,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -578,3 +581,13 @@ def test_the_defaults_are_the_compared_runs_own_config(
     snapshot.unlink()
     assert compare_script.main([str(old), str(new)]) == 1
     assert "(defaults from the config schema)" in capsys.readouterr().out
+
+
+def test_the_rule_is_said_with_the_numbers_it_uses() -> None:
+    rule = Rule.of({"compare": {"min_effect": 0.1}, "conditions": {"min_window_s": 2.0}})
+    assert rule == Rule(0.1, AA_SPREAD, 2.0)
+    sentence = rule_sentence(rule)
+    assert "beyond the minimum effect 10%" in sentence
+    assert "±5% two runs of identical code differ by" in sentence
+    assert sentence.endswith("nor in windows under 2 s")
+    assert "minimum effect 5%" in rule_sentence(Rule.of({}))
