@@ -322,6 +322,7 @@ def test_cli_only_changed_and_outputs(
         (["missing.csv", "{new}"], "missing.csv: no such file or directory"),
         (["{old}", "{new}", "--threshold", "-1"], "threshold must lie in [0, 1)"),
         (["{old}", "{new}", "--threshold", "fast"], "invalid float value"),
+        (["{old}", "{new}", "--aa-spread", "1.5"], "aa_spread must lie in [0, 1)"),
         (["{old}", "{new}", "--out", "table.txt"], "--out table.txt: write .csv or .md"),
         (["{old}"], "the following arguments are required: new"),
     ],
