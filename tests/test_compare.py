@@ -590,5 +590,5 @@ def test_the_rule_is_said_with_the_numbers_it_uses() -> None:
     sentence = rule_sentence(rule)
     assert "beyond the minimum effect 10%" in sentence
     assert "±5% two runs of identical code differ by" in sentence
-    assert sentence.endswith("nor in windows under 2 s")
+    assert sentence.endswith("no change is called in windows under 2 s")
     assert "minimum effect 5%" in rule_sentence(Rule.of({}))

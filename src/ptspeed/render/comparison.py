@@ -50,7 +50,8 @@ def rule_sentence(rule: Rule) -> str:
         f"environment's machine ratio is beyond the minimum effect {rule.min_effect:.0%} "
         "and its interval (the trials', the machine's and the "
         f"±{rule.aa_spread:.0%} two runs of identical code differ by, added in quadrature) "
-        "excludes no change; never against the cell's own direction, nor in windows under "
+        "excludes no change; a cell measured slower than before is never called faster, nor "
+        "one measured faster slower; and no change is called in windows under "
         f"{rule.min_window_s:g} s"
     )
 
