@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import random
 import subprocess
@@ -18,18 +19,25 @@ from helpers import write_fixture_records
 from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.compare import (
+    AA_SPREAD,
     COMPARE_COLUMNS,
-    DISPLAY_HEADERS,
     FASTER,
     NOT_COMPARABLE,
     SAME,
     SLOWER,
     InputError,
+    Rule,
     compare_runs,
-    cross_check_line,
     cross_check_speedups,
-    display_rows,
+    machine_changes,
     read_runs,
+)
+from ptspeed.render.comparison import (
+    DISPLAY_HEADERS,
+    cross_check_line,
+    display_rows,
+    machine_lines,
+    rule_sentence,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,8 +156,16 @@ def test_significant_change_within_the_threshold_is_not_marked(compared: pd.Data
     row = row_of(compared, "nudged")
     assert row["significant"]
     assert (row["mark"], row["change"]) == (SAME, "significant, but within the 5% threshold")
+    # A smaller minimum effect alone does not call it: 3 % is within what two runs of
+    # identical code differ by (A/A); on a machine whose A/A runs agree better, it is called.
     strict = row_of(compare_runs(runs_frame(OLD), runs_frame(NEW), threshold=0.01), "nudged")
-    assert strict["mark"] == FASTER
+    assert strict["mark"] == SAME
+    assert strict["change"] == (
+        "x1.03 beside the machine, within the ±5% two runs of identical code differ by (A/A): "
+        "repeat the runs to tell"
+    )
+    steady = compare_runs(runs_frame(OLD), runs_frame(NEW), threshold=0.01, aa_spread=0.01)
+    assert row_of(steady, "nudged")["mark"] == FASTER
 
 
 def test_cells_missing_on_one_side_are_not_comparable(compared: pd.DataFrame) -> None:
@@ -257,7 +273,11 @@ def test_cli_prints_the_table_and_exits_1_when_slower(
     out = capsys.readouterr().out.splitlines()
     # Neither set has machine-speed probes: the machine comes first, saying so.
     assert out[0].startswith("no machine-speed probe in old and new")
-    assert out[1].split() == [h for header in DISPLAY_HEADERS for h in header.split()]
+    # Then the rule with its numbers, and where they came from: no config.json beside these.
+    assert out[1].startswith("rule: a cell is called slower (-) or faster (+) when its ratio")
+    assert "minimum effect 5%" in out[1] and "±5% two runs of identical code" in out[1]
+    assert out[1].endswith("windows under 0.5 s (defaults from the config schema)")
+    assert out[2].split() == [h for header in DISPLAY_HEADERS for h in header.split()]
     slower = next(line for line in out if "/slower/" in line)
     assert slower.startswith("- ")
     assert "(n=10)" in slower and "slower" in slower
@@ -285,11 +305,12 @@ def test_cli_only_changed_and_outputs(
     )
     assert status == 1
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 1 + 1 + 5 + 2  # machine, header, + + - x x rows, verdict, slower
+    assert len(printed) == 1 + 1 + 1 + 5 + 2  # machine, rule, header, + + - x x, verdict, slower
     written = pd.read_csv(csv, keep_default_na=False)
     assert list(written.columns) == COMPARE_COLUMNS
     assert len(written) == 9  # the files hold every cell
-    lines = markdown.read_text(encoding="utf-8").splitlines()
+    rule, blank, *lines = markdown.read_text(encoding="utf-8").splitlines()
+    assert rule.startswith("rule: ") and not blank
     assert lines[0] == "| mark | " + " | ".join(DISPLAY_HEADERS[1:]) + " |"
     assert len(lines) == 2 + 9
     assert any(line.startswith("| - | ") for line in lines)
@@ -301,6 +322,7 @@ def test_cli_only_changed_and_outputs(
         (["missing.csv", "{new}"], "missing.csv: no such file or directory"),
         (["{old}", "{new}", "--threshold", "-1"], "threshold must lie in [0, 1)"),
         (["{old}", "{new}", "--threshold", "fast"], "invalid float value"),
+        (["{old}", "{new}", "--aa-spread", "1.5"], "aa_spread must lie in [0, 1)"),
         (["{old}", "{new}", "--out", "table.txt"], "--out table.txt: write .csv or .md"),
         (["{old}"], "the following arguments are required: new"),
     ],
@@ -384,5 +406,189 @@ def test_cli_prints_the_cross_check_when_both_sets_have_speedups(
         speedups_frame(("a", speedup, 1.4, 1.6)).to_csv(tables / "speedups.csv", index=False)
     assert compare_script.main([str(tmp_path / "old"), str(tmp_path / "new")]) == 0
     out = capsys.readouterr().out
-    assert "a: m (train)  1.50 [1.40–1.60]  1.55 [1.40–1.60]  yes" in out
+    assert "a: m (train)  ×1.50 (+50%) [1.40–1.60]  ×1.55 (+55%) [1.40–1.60]  yes" in out
     assert "speedups: 2 of 2 cross-checks hold" in out
+
+
+# --- the machine, per environment, and the runs' own spread (issue 36) -----------------------
+
+PROBE_WORK = "CPU: 96 x fp32 GEMM 256^2, 16 x copy of 16 MiB; CUDA: 20 x fp16 GEMM 4096^2"
+TORCH_OF = {"torch-1.13": "1.13.1", "torch-2.0": "2.0.1", "host": "2.14.1"}
+# Quiet runs' CPU probes (GEMM, memory pass; ms, uniform between) per CPU family and build.
+# AMD: issue 36's EPYC VM, where the GEMM times the build's BLAS; Intel-like: builds alike.
+PROBES_MS = {
+    "amd": {"torch-1.13": ((60, 145), (6, 27)), "torch-2.0": ((19, 39), (6, 27))},
+    "intel": {"torch-1.13": ((38, 42), (12, 14)), "torch-2.0": ((38, 42), (12, 14))},
+}
+
+
+def probed_trials(
+    cells: dict[tuple[str, str], float],
+    probes_ms: dict[str, tuple[tuple[float, float], tuple[float, float]]],
+    n: int = 8,
+    machine: float = 1.0,
+    spread: float = 0.01,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """A runs table of probed trials: per (env, variant) ``n`` throughputs evenly spread
+    ±spread (relative) around its rate, each trial's probe ends drawn from its environment's
+    ranges; a ``machine`` of 1.1 runs everything, probe included, 10 % faster."""
+    rng = random.Random(seed)
+    rows = []
+    for (env, variant), rate in cells.items():
+        (gemm, memory) = probes_ms[env]
+        for trial in range(n):
+            ends = {
+                f"probe_cpu_{part}_s_{end}": rng.uniform(*span) / 1e3 / machine
+                for part, span in (("gemm", gemm), ("memory", memory))
+                for end in ("before", "after")
+            }
+            rows.append(
+                {**runs_frame({"mlp": [0.0]}).iloc[0].to_dict(), "env": env, "variant": variant,
+                 "torch": TORCH_OF[env], "trial": trial, "window_s": 2.0,
+                 "throughput_samples_per_s": rate * machine * (1 + spread * offset(trial, n)),
+                 "probe_threads": 1, "probe_work": PROBE_WORK, **ends}
+            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def offset(trial: int, n: int) -> float:
+    """Trial ``trial`` of ``n``'s place in [-1, 1], evenly spread."""
+    return 2 * trial / (n - 1) - 1
+
+
+STEADY_PROBE = {"host": ((40, 40.4), (0.0, 0.0))}
+
+
+@pytest.mark.parametrize("machine", [1.1, 0.9, 1.0], ids=["faster", "slower", "unchanged"])
+def test_a_real_regression_is_caught_whatever_the_machine_did(machine: float) -> None:
+    """Issue 36: compile loses 10 % of its speed while the machine runs 10 % faster (the old
+    rule hid it: its ratio, x0.99, was within the threshold), 10 % slower, or the same."""
+    old = probed_trials({("host", "eager"): 100.0, ("host", "compile"): 150.0}, STEADY_PROBE)
+    new = probed_trials(
+        {("host", "eager"): 100.0, ("host", "compile"): 150.0 * 0.9},
+        STEADY_PROBE, machine=machine, seed=1,
+    )  # fmt: skip
+    compared = compare_runs(old, new).set_index("variant")
+    assert compared.loc["compile", "mark"] == SLOWER, compared.loc["compile", "change"]
+    assert compared.loc["compile", "corrected_ratio"] == pytest.approx(0.9, abs=0.01)
+    assert compared.loc["compile", "corrected_high"] < 1.0
+    assert compared.loc["compile", "machine_ratio"] == pytest.approx(machine, abs=0.01)
+    eager = compared.loc["eager"]
+    assert eager["mark"] == SAME
+    if machine != 1.0:
+        assert eager["change"].startswith(f"x{machine:.2f}, as the machine's own change explains")
+
+
+def test_a_cell_that_gained_less_than_a_faster_machine_is_not_called_slower() -> None:
+    # The machine vetoes both ways: x1.20 on a machine x1.50 is x0.80 beside it, but a changed
+    # machine moves cells less than its probe, so a faster cell is never called slower.
+    old = probed_trials({("host", "eager"): 100.0}, STEADY_PROBE)
+    new = probed_trials({("host", "eager"): 100.0 * 1.2 / 1.5}, STEADY_PROBE, machine=1.5, seed=1)
+    [row] = compare_runs(old, new).to_dict("records")
+    assert row["mark"] == SAME
+    assert row["corrected_ratio"] == pytest.approx(0.8, abs=0.01)
+    assert row["change"] == (
+        "x1.20: faster than before, but by less than the machine (machine x1.50; ratio / "
+        "machine x0.80): a changed machine moves cells less than its probe, so not called slower"
+    )
+
+
+def test_a_run_level_shift_within_the_a_a_spread_is_no_change() -> None:
+    """Identical code, the machine unchanged, every cell of the new run x0.945 with trials ±5 %:
+    the trials alone call it (the old rule did); with the 5 % two runs of identical code differ
+    by in its interval it is no change, and the words ask for repeated runs."""
+    cells = {("host", "eager"): 100.0, ("host", "amp"): 120.0}
+    old = probed_trials(cells, STEADY_PROBE, spread=0.05)
+    new = probed_trials({k: v * 0.945 for k, v in cells.items()}, STEADY_PROBE, spread=0.05, seed=1)
+    compared = compare_runs(old, new)
+    assert set(compared["mark"]) == {SAME}
+    assert all(
+        change.endswith("within the ±5% two runs of identical code differ by (A/A): repeat the "
+                        "runs to tell") for change in compared["change"]
+    ), compared["change"]  # fmt: skip
+    trials_only = compare_runs(old, new, aa_spread=0.0)
+    assert set(trials_only["mark"]) == {SLOWER}
+
+
+def test_a_run_level_shift_beyond_the_a_a_spread_is_called_unless_the_machine_spreads_more() -> (
+    None
+):
+    """Issue 36's A/A pair: every cell x0.93 with the machine unchanged. Two runs of identical
+    code on the development VM differed by at most x0.96 (2 s windows): 7 % with tight trials
+    is beyond that, so it is called slower; where A/A runs differ by 10 % (--aa-spread), not."""
+    cells = {("host", "eager"): 100.0, ("host", "amp"): 120.0}
+    old = probed_trials(cells, STEADY_PROBE)
+    new = probed_trials({k: v * 0.93 for k, v in cells.items()}, STEADY_PROBE, seed=1)
+    assert set(compare_runs(old, new)["mark"]) == {SLOWER}
+    wider = compare_runs(old, new, aa_spread=0.1)
+    assert set(wider["mark"]) == {SAME}
+    assert all("within the ±10% two runs of identical code" in c for c in wider["change"])
+
+
+@pytest.mark.parametrize("family", ["amd", "intel"])
+def test_a_a_runs_on_two_cpu_families_call_no_change_and_no_machine_change(family: str) -> None:
+    """Quiet A/A runs of two builds on one machine, the new run with 5 of torch-1.13's 8 trials
+    of each cell lost: on the AMD CPU torch-1.13's GEMM probe is 2-4 times torch-2.0's, so
+    probes pooled across environments put the machine at x1.21 [1.02–2.00] (a change of which
+    environments counted trials, not of the machine); per environment no change is measured."""
+    cells = {(env, variant): 100.0 for env in ("torch-1.13", "torch-2.0")
+             for variant in ("eager", "amp")}  # fmt: skip
+    probes = PROBES_MS[family]
+    old = probed_trials(cells, probes, spread=0.03)
+    new = probed_trials(cells, probes, spread=0.03, seed=1)
+    new = new[(new["env"] != "torch-1.13") | (new["trial"] % 3 == 0)]
+    compared = compare_runs(old, new)
+    machine = compared.set_index("env")[["machine_ratio", "machine_low", "machine_high"]]
+    assert ((machine["machine_low"] <= 1) & (machine["machine_high"] >= 1)).all(), machine
+    assert (machine.loc["torch-2.0", "machine_ratio"] - 1).abs().max() < 0.1, machine
+    assert set(compared["mark"]) == {SAME}, compared[["env", "variant", "change"]]
+    lines = machine_lines(machine_changes(old, new))
+    assert not any("CHANGED" in line for line in lines), lines
+    assert [line.split(":")[0] for line in lines] == [
+        "machine in torch-1.13 (torch 1.13.1), cpu, 1 thread",
+        "machine in torch-2.0 (torch 2.0.1), cpu, 1 thread",
+    ]
+
+
+def test_probes_of_another_build_are_not_the_same_machine() -> None:
+    # The same environment name rebuilt with another torch: its probes time another BLAS.
+    old = probed_trials({("torch-2.0", "eager"): 100.0}, PROBES_MS["amd"])
+    new = probed_trials({("torch-2.0", "eager"): 100.0}, PROBES_MS["amd"], seed=1)
+    new["torch"] = "2.0.0"
+    [row] = compare_runs(old, new).to_dict("records")
+    assert math.isnan(row["machine_ratio"])
+    lines = machine_lines(machine_changes(old, new))
+    assert all(line.endswith("not probed alike on both sides, its cells judged without it")
+               for line in lines) and len(lines) == 2  # fmt: skip
+
+
+def test_the_defaults_are_the_compared_runs_own_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cell 25 % slower in 2 s windows: slower by the schema's 0.5 s window, but the run
+    asked for 3 s windows (its config.json beside its tables), so no change is called."""
+    old = write_runs(tmp_path / "old/results/tables/runs.csv", {"m": trials(100, 8, seed=1)})
+    new = write_runs(tmp_path / "new/results/tables/runs.csv", {"m": trials(75, 8, seed=2)})
+    for path in (old, new):
+        read_runs(path).assign(window_s=2.0).to_csv(path, index=False)
+    snapshot = tmp_path / "new/results/config.json"
+    snapshot.write_text(json.dumps({"conditions": {"min_window_s": 3.0}}), encoding="utf-8")
+    assert compare_script.main([str(tmp_path / "old/results"), str(tmp_path / "new/results")]) == 0
+    out = capsys.readouterr().out
+    assert "shorter than the 3 s a change is called on" in out
+    assert f"windows under 3 s (defaults from {snapshot})" in out
+    assert compare_script.main([str(old), str(new), "--min-window-s", "1"]) == 1
+    snapshot.unlink()
+    assert compare_script.main([str(old), str(new)]) == 1
+    assert "(defaults from the config schema)" in capsys.readouterr().out
+
+
+def test_the_rule_is_said_with_the_numbers_it_uses() -> None:
+    rule = Rule.of({"compare": {"min_effect": 0.1}, "conditions": {"min_window_s": 2.0}})
+    assert rule == Rule(0.1, AA_SPREAD, 2.0)
+    sentence = rule_sentence(rule)
+    assert "beyond the minimum effect 10%" in sentence
+    assert "±5% two runs of identical code differ by" in sentence
+    assert sentence.endswith("no change is called in windows under 2 s")
+    assert "minimum effect 5%" in rule_sentence(Rule.of({}))

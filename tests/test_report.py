@@ -1101,4 +1101,6 @@ def test_the_report_sets_the_run_against_an_earlier_one_by_compare_rule(
     section = markdown.split("## Against an earlier run", 1)[1]
     before_cells = section.split("|", 1)[0]  # the machine is said first, probed or not
     assert "no machine-speed probe in old and new (records from before probes)" in before_cells
+    assert "rule: a cell is called slower (-) or faster (+)" in before_cells
+    assert "(defaults from this run's config)" in before_cells
     assert "0 faster, 1 slower" in section

@@ -1,88 +1,126 @@
 """Compare two result sets cell by cell, in the manner of ``asv compare``.
 
 Two runs (two machines, before and after a change) each give a ``runs.csv``. Cells are matched
-on environment, model, variant, mode and sizes; for each cell present on both sides the ratio
-new / old of throughput is given as the report's speedups are
+on platform, environment, model, variant, mode and sizes; for each cell present on both sides
+the ratio new / old of throughput is given as the report's speedups are
 (:func:`ptspeed.analysis.ranks.speedup`: the Hodges–Lehmann ratio, its exact interval with the
 confidence it achieves, and the Mann–Whitney p-value), and a mark:
 
-* ``+`` significantly faster: the change is significant and the ratio above ``1 + threshold``;
-* ``-`` significantly slower: significant and the ratio below ``1 - threshold``;
-* `` `` (blank) no significant change, or one within the threshold, or too few trials to test;
+* ``+`` faster, ``-`` slower: by the rule below;
+* `` `` (blank) no change called: none measured, one within the minimum effect, one the
+  machine's own change explains, one within what two runs of identical code differ by, or too
+  few trials to tell;
 * ``x`` not comparable: absent from one side, or without ok trials there.
 
-A cell counts as a regression (``-``) only when both the test and the interval say so and the
-drop exceeds the threshold, so that noise alone does not fail a CI job. Trials judged perturbed
-(``perturbed`` in runs.csv) are left out unless kept, as the speedups leave them out.
+Trials judged perturbed (``perturbed`` in runs.csv) are left out unless kept, as the speedups
+leave them out.
 
-The machine is accounted for. Every trial since issue 31 probes the machine's speed just
-outside its window (:mod:`ptspeed.cell.measurement.probe`;
-:func:`ptspeed.analysis.conditions.probe_s`). Per probe group (platform, device, CPU threads, probe
-work: :func:`ptspeed.analysis.conditions.probe_group`) the machine's ratio ``m`` is the
-Hodges–Lehmann ratio new / old of the probes' speeds (1 / probe_s) over the same trials the
-cells count, with its exact interval ``[m_low, m_high]`` (:func:`machine_changes`). The rule,
-with ``r [r_low, r_high]`` a cell's ratio and ``t`` the threshold (the minimum effect):
+**The machine.** Every trial probes the machine's speed just outside its window
+(:mod:`ptspeed.cell.measurement.probe`; :func:`ptspeed.analysis.conditions.probe_s`). The probe
+runs in the cell's environment, so it times that build's BLAS as well as the machine (on one
+AMD CPU the GEMM probe took 60–145 ms under torch 1.13 and 19–39 ms under torch 2.0): probes
+are compared only with like probes, per :class:`MachineKey` (platform, device kind, CPU
+threads, probe work, environment and its torch build), never pooled across environments. Per
+key, the machine's ratio ``m [m_low, m_high]`` is the Hodges–Lehmann ratio new / old of the
+probes' speeds (1 / probe_s) over the trials the cells count (:func:`machine_changes`); 1 [1, 1]
+where either side did not probe alike.
 
-* ``-`` slower: the change is significant, both ``r`` and ``r / m`` are below ``1 - t``, and
-  ``r_high < min(1, m_low)``: the cell's whole interval lies below the machine's and below no
-  change, so neither noise nor the machine's own change can explain it;
-* ``+`` faster: significant, ``r`` and ``r / m`` above ``1 + t`` and ``r_low > max(1, m_high)``;
-* otherwise unchanged; a significant change beyond the threshold that the machine explains says
-  so in ``change``;
-* and never faster or slower where either side's median measured window is shorter than
-  ``conditions.min_window_s`` (0.5 s): windows that short are not judged for load either, and
-  two runs of identical code on the development VM once differed by x0.91 [0.89–0.97] in 0.4 s
-  windows with the probe unchanged; ``change`` says so and asks for longer windows.
+**The rule.** With ``r [r_low, r_high]`` a cell's ratio, ``t`` the minimum effect and ``a`` the
+A/A spread (:data:`AA_SPREAD`), the cell's change beyond the machine's is ``c = r / m``, with
+an interval whose half-widths (log scale) are those of ``r``, of ``m`` and ``log(1 + a)``
+added in quadrature (:func:`corrected`): the trials' noise, the probe's, and the runs' own.
 
-A loaded machine slows a probe and a cell by different amounts (on the development VM one
-spinning process per CPU slowed the probe x0.48 and the mlp cells x0.66): a cell that merely
-lost less than the probe is not called faster, nor one that gained less than the probe slower.
+* ``-`` slower: ``c < 1 - t`` and ``c``'s whole interval below 1; ``+`` faster: ``c > 1 + t``
+  and its whole interval above 1. So a real regression is called whether the machine got
+  faster (``r`` near 1, ``c`` below), slower or stayed the same;
+* the machine explains: ``r`` is significant and beyond ``t`` but ``c`` within ``t`` (a
+  machine slower by 20 % and every cell with it): no change, the words say so;
+* the machine vetoes: a cell significantly slower than before (``r_high < 1``) is never called
+  faster, nor one significantly faster (``r_low > 1``) slower. A loaded machine slows its probe
+  more than its cells (on the development VM one spinning process per CPU slowed the probe
+  x0.48, the mlp cells x0.66), so a cell that lost less than the probe is no evidence of
+  faster code, nor one that gained less than it of slower. The price: a regression smaller
+  than a machine's gain in the other direction (machine x1.12, code x0.90, cell x1.01) reads
+  as such a cell and is not called;
+* between runs: trials of one run share what the run fixes (the machine that day, the files
+  cached), which the trials' interval cannot see: ``a`` in ``c``'s interval is that spread. A
+  change beyond ``t`` whose interval reaches 1 only through it is no change, and the words say
+  to repeat the runs;
+* never faster or slower where either side's median measured window is shorter than
+  ``min_window_s``: windows that short are not judged for load either, and two runs of
+  identical code on the development VM once differed by x0.91 [0.89–0.97] in 0.4 s windows
+  with the probe unchanged; ``change`` says so and asks for longer windows.
 
-Where a side has no probes (records from before them) ``m`` is 1 with an interval [1, 1], the
-rule above without the machine. :func:`machine_lines` says first, per group, each run's probe
-and whether the machine changed between the runs (:data:`MACHINE_CHANGE`).
+:data:`AA_SPREAD` (5 %) is measured: two runs of identical code on the development VM with 2 s
+windows (README's A/A table; tests/test_probe.py, ``PTSPEED_AA=1``) gave cell ratios x0.98,
+x0.99 and x1.01 and probe ratios x0.98 and x0.96; the root mean square of their logs is 2.3 %,
+so 95 % of such ratios lie within ±1.96 x 2.3 % = ±4.5 %, rounded up to 5 %. It includes the
+trials' own noise (a ratio of two medians of 5), so adding it to the trials' interval is
+cautious. A machine whose A/A runs differ more (measure it: ``PTSPEED_AA=1``) passes its own
+(``aa_spread``, ``--aa-spread``).
 
-Where both result sets have a ``speedups.csv`` beside their ``runs.csv``,
-:func:`cross_check_speedups` checks each comparison's speedup of one run against the other's
-interval, both ways: two runs of one matrix on one machine should agree.
+The minimum effect ``t`` (``compare.min_effect``, 5 %) is the smallest change worth a mark; by
+default it is no smaller than the A/A spread, so an estimate beyond it is beyond what identical
+runs showed (a smaller one still needs its interval clear of the A/A spread).
+``conditions.max_probe_deviation`` (15 %) is a different test: it drops a single trial
+whose probe is far from its run's median, a bound wide enough for the probe's own noise within
+an environment; the smaller machine changes it lets through are not taken for code, because
+``m`` is measured on the very trials each cell counts and ``c`` divides it out, its interval
+widened by ``m``'s. Where the probe is as noisy as on issue 36's AMD VM (torch 1.13's GEMM
+probe 60–145 ms within one quiet run), ``m``'s interval is wide (x0.87–1.32 from 16 and 6
+trials) and so is ``c``'s: smaller changes go uncalled there, the words saying the probe's
+noise is why.
+
+Defaults (:func:`run_defaults`): the minimum effect (``compare.min_effect``), the window
+(``conditions.min_window_s``) and ``keep_perturbed`` are the compared run's own, from the
+``config.json`` its workflow wrote beside its tables (the new run's, else the old run's),
+else the config schema's.
+
+The text (:mod:`ptspeed.render.comparison`) says first, per machine key, each run's probe and
+whether the machine changed between the runs (:data:`MACHINE_CHANGE`), then the rule with its
+numbers, then the cells. Where both result sets have a
+``speedups.csv`` beside their ``runs.csv``, :func:`cross_check_speedups` checks each
+comparison's speedup of one run against the other's interval, both ways: two runs of one matrix
+on one machine should agree.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
-from ptspeed.analysis import ranks, stats
+from ptspeed.analysis import ranks
+from ptspeed.analysis.aggregate import read_mapping
 from ptspeed.analysis.columns import (
     ALPHA,
     CELL_KEYS,
     CONFIDENCE,
     platform_column,
     read_table,
-    unused_sizes,
 )
-from ptspeed.analysis.conditions import counted_in_speedups, probe_group, probe_s, settings
+from ptspeed.analysis.conditions import counted_in_speedups, probe_kind, probe_s, settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.errors import InputError
+from ptspeed.plan.config import fill_defaults, load_schema
 from ptspeed.plan.layout import (
-    PLACE_PATTERN,
     SIZE_KEYS,
-    platform_directory,
     runs_csv_of,
-    size_label,
 )
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
-DEFAULT_THRESHOLD = 0.05
+# Two runs of identical code differ by up to this ratio (95 %): measured, see the docstring.
+AA_SPREAD = 0.05
 # The machine changed between the runs when its probe's ratio is significant and beyond this
 # (one thread's probe varies by about 3 % within a quiet run on the development VM).
 MACHINE_CHANGE = 0.03
+# The config the workflow writes beside a run's tables (rule effective_config).
+CONFIG_SNAPSHOT = "config.json"
 # Tables from before platforms have no platform column: they are one unnamed platform.
 REQUIRED_COLUMNS = [
     *(key for key in CELL_KEYS if key != "platform"),
@@ -107,6 +145,8 @@ COMPARE_COLUMNS = [
     "machine_high",
     "machine_confidence",
     "corrected_ratio",
+    "corrected_low",
+    "corrected_high",
     "change",
 ]
 
@@ -124,34 +164,86 @@ def read_runs(path: str | Path) -> pd.DataFrame:
     return runs
 
 
+# --- defaults ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The settings a comparison uses where not given, and where they came from."""
+
+    min_effect: float
+    min_window_s: float
+    keep_perturbed: bool
+    source: str
+
+
+def compare_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``compare`` settings of ``config``, the schema's defaults filling the gaps."""
+    given = (config or {}).get("compare")
+    filled: dict[str, Any] = {"compare": dict(given) if isinstance(given, Mapping) else {}}
+    fill_defaults(filled, {"properties": {"compare": load_schema()["properties"]["compare"]}})
+    return filled["compare"]
+
+
+def config_beside(runs_path: str | Path) -> Path | None:
+    """The config snapshot of a result set: ``config.json`` in its results directory (beside
+    ``tables/``) or beside its runs.csv; None where there is none."""
+    csv = runs_csv_of(runs_path)
+    for directory in (csv.parent, csv.parent.parent):
+        if (directory / CONFIG_SNAPSHOT).is_file():
+            return directory / CONFIG_SNAPSHOT
+    return None
+
+
+def run_defaults(old_path: str | Path, new_path: str | Path) -> Defaults:
+    """The compared run's own settings: from the new run's config snapshot, else the old
+    run's, else the schema's defaults."""
+    for path in (config_beside(new_path), config_beside(old_path)):
+        if path is not None:
+            return defaults_of(read_mapping(path), str(path))
+    return defaults_of(None, "the config schema")
+
+
+def defaults_of(config: Mapping[str, Any] | None, source: str) -> Defaults:
+    conditions = settings(config)
+    return Defaults(
+        float(compare_settings(config)["min_effect"]),
+        float(conditions["min_window_s"]),
+        bool(conditions["keep_perturbed"]),
+        source,
+    )
+
+
 # --- comparing -----------------------------------------------------------------------------------
 
 
 def compare_runs(
     old: pd.DataFrame,
     new: pd.DataFrame,
-    threshold: float = DEFAULT_THRESHOLD,
+    threshold: float | None = None,
     keep_perturbed: bool = False,
     min_window_s: float | None = None,
+    aa_spread: float = AA_SPREAD,
 ) -> pd.DataFrame:
     """One row per cell of either side (sorted by cell), columns :data:`COMPARE_COLUMNS`.
 
     ``ratio`` is new / old median throughput over the ok trials (the perturbed ones left out
-    unless ``keep_perturbed``); above 1 means faster. A cell whose median measured window is
-    shorter than ``min_window_s`` on either side (default: the configuration's
-    ``conditions.min_window_s``) is never called faster or slower.
+    unless ``keep_perturbed``); above 1 means faster; ``corrected_ratio`` divides it by its
+    environment's machine. ``threshold`` (the minimum effect) and ``min_window_s`` default to
+    the config schema's; :func:`run_defaults` gives a run's own.
     """
+    schema = defaults_of(None, "")
+    threshold = schema.min_effect if threshold is None else threshold
+    min_window_s = schema.min_window_s if min_window_s is None else min_window_s
     if not 0.0 <= threshold < 1.0:
         raise InputError(f"threshold must lie in [0, 1), got {threshold}")
-    if min_window_s is None:
-        min_window_s = float(settings(None)["min_window_s"])
+    if not 0.0 <= aa_spread < 1.0:
+        raise InputError(f"aa_spread must lie in [0, 1), got {aa_spread}")
+    rule = Rule(threshold, aa_spread, min_window_s)
     old_cells, new_cells = cells_of(old, keep_perturbed), cells_of(new, keep_perturbed)
     machines = machine_changes(old, new, keep_perturbed)
     keys = sorted(old_cells.keys() | new_cells.keys(), key=_sort_key)
-    rows = [
-        _compared(key, old_cells.get(key), new_cells.get(key), threshold, machines, min_window_s)
-        for key in keys
-    ]
+    rows = [_compared(key, old_cells.get(key), new_cells.get(key), rule, machines) for key in keys]
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
@@ -159,7 +251,7 @@ def cells_of(
     runs: pd.DataFrame, keep_perturbed: bool = False
 ) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Per cell: its ok throughputs (finite, positive; not perturbed unless ``keep_perturbed``)
-    with their windows' lengths and probe groups, and all its statuses. Rows whose cell is
+    with their windows' lengths and machine keys, and all its statuses. Rows whose cell is
     unknown (an unreadable file outside the workflow's layout) cannot be matched and are left
     out."""
     # Only the same platform is compared across runs; a run without platforms is one unnamed.
@@ -170,22 +262,22 @@ def cells_of(
     )
     cells: dict[tuple[Any, ...], dict[str, Any]] = {}
     columns = [known[key].tolist() for key in CELL_KEYS]
-    groups = [probe_group(row) for row in known.to_dict("records")]
+    machines = [machine_key(row) for row in known.to_dict("records")]
     windows = (
         pd.to_numeric(known["window_s"], errors="coerce")
         if "window_s" in known.columns
         else pd.Series(math.nan, index=known.index)
     )
-    trials = zip(*columns, known["status"], rates, groups, windows, strict=True)
-    for *key, status, rate, group, window in trials:
+    trials = zip(*columns, known["status"], rates, machines, windows, strict=True)
+    for *key, status, rate, machine, window in trials:
         cell = cells.setdefault(
             tuple(_plain(v) for v in key),
-            {"rates": [], "statuses": [], "groups": [], "windows": []},
+            {"rates": [], "statuses": [], "machines": [], "windows": []},
         )
         cell["statuses"].append(status)
         if status == "ok" and math.isfinite(rate) and rate > 0:
             cell["rates"].append(float(rate))
-            cell["groups"].append(group)
+            cell["machines"].append(machine)
             cell["windows"].append(float(window))
     return cells
 
@@ -200,27 +292,48 @@ def _known(runs: pd.DataFrame) -> pd.DataFrame:
 # --- the machine -----------------------------------------------------------------------------
 
 
-def probe_speeds(
-    runs: pd.DataFrame, keep_perturbed: bool = False
-) -> dict[tuple[Any, ...], list[float]]:
-    """Per probe group, the machine's speed (1 / probe_s) of each ok trial a cell counts
-    (the perturbed left out unless ``keep_perturbed``); trials without probes in no group."""
+class MachineKey(NamedTuple):
+    """What a machine-speed probe is compared with: probes of the same work, threads and
+    device on the same platform, made in the same environment by the same torch build (the
+    probe times the build's BLAS too)."""
+
+    platform: str
+    kind: str
+    threads: int | None
+    work: str
+    env: str
+    torch: str
+
+
+def machine_key(row: Mapping[str, Any]) -> MachineKey:
+    """A trial's :class:`MachineKey` from its runs.csv row (kind '' where it did not probe;
+    a GPU's probe does not depend on the CPU threads)."""
+    kind = probe_kind(row)
+    threads = _plain(row.get("probe_threads")) if kind == "cpu" else None
+    text = [_plain(row.get(k)) for k in ("platform", "probe_work", "env", "torch")]
+    platform, work, env, torch = ("" if v is None else str(v) for v in text)
+    return MachineKey(platform, kind, threads, work, env, torch)
+
+
+def probe_speeds(runs: pd.DataFrame, keep_perturbed: bool = False) -> dict[MachineKey, list[float]]:
+    """Per machine key, the machine's speed (1 / probe_s) of each ok trial a cell counts
+    (the perturbed left out unless ``keep_perturbed``); trials without probes in no key."""
     known = _known(runs)
     counted = counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
-    speeds: dict[tuple[Any, ...], list[float]] = {}
+    speeds: dict[MachineKey, list[float]] = {}
     for row, use in zip(known.to_dict("records"), counted, strict=True):
         seconds = probe_s(row) if use and row.get("status") == "ok" else math.nan
         if math.isfinite(seconds) and seconds > 0:
-            speeds.setdefault(probe_group(row), []).append(1.0 / seconds)
+            speeds.setdefault(machine_key(row), []).append(1.0 / seconds)
     return speeds
 
 
 @dataclass(frozen=True)
 class Machine:
-    """One probe group's machine in both runs: each run's median probe (seconds) and trials,
-    and the ratio new / old of its speed (None where a side did not probe)."""
+    """One machine key in both runs: each run's median probe (seconds) and trials, and the
+    ratio new / old of its speed (None where a side did not probe)."""
 
-    group: tuple[Any, ...]
+    key: MachineKey
     old_probe_s: float
     old_trials: int
     new_probe_s: float
@@ -246,15 +359,15 @@ class Machine:
 
 def machine_changes(
     old: pd.DataFrame, new: pd.DataFrame, keep_perturbed: bool = False
-) -> dict[tuple[Any, ...], Machine]:
-    """Per probe group of either run, its :class:`Machine`."""
+) -> dict[MachineKey, Machine]:
+    """Per machine key of either run, its :class:`Machine`."""
     old_speeds, new_speeds = probe_speeds(old, keep_perturbed), probe_speeds(new, keep_perturbed)
     machines = {}
-    for group in sorted(old_speeds.keys() | new_speeds.keys(), key=_group_key):
-        before, after = old_speeds.get(group, []), new_speeds.get(group, [])
+    for key in sorted(old_speeds.keys() | new_speeds.keys(), key=_key_order):
+        before, after = old_speeds.get(key, []), new_speeds.get(key, [])
         ratio = ranks.speedup(before, after, CONFIDENCE, ALPHA) if before and after else None
-        machines[group] = Machine(
-            group,
+        machines[key] = Machine(
+            key,
             1.0 / statistics.median(before) if before else math.nan,
             len(before),
             1.0 / statistics.median(after) if after else math.nan,
@@ -264,67 +377,20 @@ def machine_changes(
     return machines
 
 
-def _group_key(group: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple("" if v is None else str(v) for v in group)
+def _key_order(key: MachineKey) -> tuple[str, ...]:
+    return tuple("" if v is None else str(v) for v in key)
 
 
 def _machine_of(
-    old: Mapping[str, Any], new: Mapping[str, Any], machines: Mapping[tuple[Any, ...], Machine]
+    old: Mapping[str, Any], new: Mapping[str, Any], machines: Mapping[MachineKey, Machine]
 ) -> Machine | None:
-    """The machine a cell ran on in both runs: its probe group where it is one and the same
-    on both sides and both probed; None otherwise."""
-    groups = set(old.get("groups", [])) | set(new.get("groups", []))
-    if len(groups) != 1:
+    """The machine a cell ran on in both runs: its key where it is one and the same on both
+    sides and both probed; None otherwise."""
+    keys = set(old.get("machines", [])) | set(new.get("machines", []))
+    if len(keys) != 1:
         return None
-    machine = machines.get(groups.pop())
+    machine = machines.get(keys.pop())
     return machine if machine is not None and machine.ratio is not None else None
-
-
-def group_label(group: tuple[Any, ...]) -> str:
-    """E.g. ``"cpu, 1 thread"``, ``"cuda (a100)"``."""
-    platform, kind, threads, _ = group
-    if not kind:
-        return "no probe"
-    label = kind + (f", {threads} thread{'s' if threads != 1 else ''}" if kind == "cpu" else "")
-    return label + (f" ({platform})" if platform else "")
-
-
-def machine_lines(machines: Mapping[tuple[Any, ...], Machine]) -> list[str]:
-    """What the machine did, to print before the cells: per probe group each run's median
-    probe and the ratio of its speed, the changed groups first, each saying what it means for
-    the cells."""
-    probed = {g: m for g, m in machines.items() if g[1]}
-    unprobed = [side for side, n in (("old", "old_trials"), ("new", "new_trials"))
-                if not any(getattr(m, n) for m in probed.values())]  # fmt: skip
-    lines = []
-    for machine in sorted(probed.values(), key=lambda m: not m.changed()):
-        lines.append(_machine_line(machine))
-    if unprobed:
-        lines.append(
-            f"no machine-speed probe in {' and '.join(unprobed)} (records from before probes): "
-            "a change of the machine cannot be told from a change of the code"
-        )
-    return lines
-
-
-def _machine_line(machine: Machine) -> str:
-    def probe(seconds: float, trials: int) -> str:
-        return "—" if math.isnan(seconds) else f"{seconds * 1e3:.1f} ms (n={trials})"
-
-    old = probe(machine.old_probe_s, machine.old_trials)
-    new = probe(machine.new_probe_s, machine.new_trials)
-    head = f"machine ({group_label(machine.group)}): probe {old} in old, {new} in new"
-    ratio = machine.ratio
-    if ratio is None:
-        return head + ": not probed on both sides, its cells judged without it"
-    speed = _ratio(ratio.estimate, ratio.low, ratio.high, ratio.achieved_confidence)
-    if machine.changed():
-        return (
-            f"MACHINE CHANGED between the runs: {head}; it ran x{speed} as fast in new. No cell "
-            "of it is called faster or slower unless its change exceeds the machine's (ratio / "
-            "machine beyond the threshold, interval outside the machine's)"
-        )
-    return f"{head}; speed x{speed}: unchanged (within {MACHINE_CHANGE:.0%} or not significant)"
 
 
 def _plain(value: Any) -> Any:
@@ -339,29 +405,52 @@ def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((v is None, isinstance(v, str), 0 if v is None else v) for v in key)
 
 
+# --- the verdict -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The numbers a verdict uses: the minimum effect, the A/A spread and the shortest
+    window a change is called in (seconds)."""
+
+    min_effect: float
+    aa_spread: float
+    min_window_s: float
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any] | None) -> Rule:
+        """The rule a run's config sets (the schema's defaults filling the gaps)."""
+        defaults = defaults_of(config, "")
+        return cls(defaults.min_effect, AA_SPREAD, defaults.min_window_s)
+
+
+def corrected(
+    ratio: ranks.Ratio, machine: Machine | None, aa_spread: float
+) -> tuple[float, float, float]:
+    """(c, low, high): the cell's ratio divided by its machine's, and an interval whose
+    half-widths on the log scale are the ratio's, the machine's and ``log(1 + aa_spread)``
+    added in quadrature (independent errors; each about 95 %)."""
+    m, m_low, m_high = machine.bounds() if machine is not None else (1.0, 1.0, 1.0)
+    between = math.log1p(aa_spread)
+    c = ratio.estimate / m
+    up = math.hypot(math.log(ratio.high / ratio.estimate), math.log(m / m_low), between)
+    down = math.hypot(math.log(ratio.estimate / ratio.low), math.log(m_high / m), between)
+    return c, c * math.exp(-down), c * math.exp(up)
+
+
 def _compared(
     key: tuple[Any, ...],
     old: Mapping[str, Any] | None,
     new: Mapping[str, Any] | None,
-    threshold: float,
-    machines: Mapping[tuple[Any, ...], Machine] | None = None,
-    min_window_s: float = 0.0,
+    rule: Rule,
+    machines: Mapping[MachineKey, Machine],
 ) -> dict[str, Any]:
     row: dict[str, Any] = {
         **dict(zip(CELL_KEYS, key, strict=True)),
         **_side("old", old),
         **_side("new", new),
-        "ratio": math.nan,
-        "ratio_low": math.nan,
-        "ratio_high": math.nan,
-        "ratio_confidence": math.nan,
-        "p_value": math.nan,
+        **dict.fromkeys(COMPARE_COLUMNS[COMPARE_COLUMNS.index("ratio") :], math.nan),
         "significant": False,
-        "machine_ratio": math.nan,
-        "machine_low": math.nan,
-        "machine_high": math.nan,
-        "machine_confidence": math.nan,
-        "corrected_ratio": math.nan,
     }
     absent = _why_not_comparable(old, new)
     if absent:
@@ -369,18 +458,19 @@ def _compared(
     assert old is not None and new is not None
     ratio = ranks.speedup(old["rates"], new["rates"], CONFIDENCE, ALPHA)
     row.update(ratio.columns("ratio"))
-    machine = _machine_of(old, new, machines or {})
+    machine = _machine_of(old, new, machines)
     if machine is not None and machine.ratio is not None:
+        m = machine.ratio
         row.update(
-            {
-                "machine_ratio": machine.ratio.estimate,
-                "machine_low": machine.ratio.low,
-                "machine_high": machine.ratio.high,
-                "machine_confidence": machine.ratio.achieved_confidence,
-                "corrected_ratio": ratio.estimate / machine.ratio.estimate,
-            }
+            machine_ratio=m.estimate,
+            machine_low=m.low,
+            machine_high=m.high,
+            machine_confidence=m.achieved_confidence,
         )
-    mark, change = _judged(ratio, threshold, machine, _shortest_window(old, new), min_window_s)
+    if not math.isnan(ratio.low):
+        c, low, high = corrected(ratio, machine, rule.aa_spread)
+        row.update(corrected_ratio=c, corrected_low=low, corrected_high=high)
+    mark, change = _judged(ratio, rule, machine, _shortest_window(old, new))
     return {**row, "mark": mark, "change": change}
 
 
@@ -411,62 +501,77 @@ def _why_not_comparable(old: Mapping[str, Any] | None, new: Mapping[str, Any] | 
 
 
 def _judged(
-    ratio: ranks.Ratio,
-    threshold: float,
-    machine: Machine | None = None,
-    window_s: float = math.inf,
-    min_window_s: float = 0.0,
+    ratio: ranks.Ratio, rule: Rule, machine: Machine | None = None, window_s: float = math.inf
 ) -> tuple[str, str]:
     """The mark and its words by the rule of the module docstring (``window_s``: the shorter
     side's median measured window)."""
     if math.isnan(ratio.low):
         return SAME, "too few ok trials for a test (2 per side needed)"
-    if not ratio.significant:
-        floor = ranks.smallest_p_value(ratio.n_baseline, ratio.n_candidate)
-        if floor >= ratio.alpha:
-            return SAME, (
-                f"too few ok trials to detect a change ({ratio.n_baseline} and "
-                f"{ratio.n_candidate}: p >= {floor:.2g} whatever they measure)"
-            )
-        return SAME, "no significant change"
-    m, m_low, m_high = machine.bounds() if machine is not None else (1.0, 1.0, 1.0)
-    corrected = ratio.estimate / m
-    beyond = abs(ratio.estimate - 1.0) > threshold and abs(corrected - 1.0) > threshold
-    slower = beyond and corrected < 1.0 and ratio.high < min(1.0, m_low)
-    faster = beyond and corrected > 1.0 and ratio.low > max(1.0, m_high)
-    if (slower or faster) and window_s < min_window_s:
+    floor = ranks.smallest_p_value(ratio.n_baseline, ratio.n_candidate)
+    if floor >= ratio.alpha:
         return SAME, (
-            f"{'slower' if slower else 'faster'} by the numbers, but its windows "
-            f"({window_s:.2f} s) are shorter than the {min_window_s:g} s a change is called on "
-            "(conditions.min_window_s): lengthen steps.measured"
+            f"too few ok trials to detect a change ({ratio.n_baseline} and "
+            f"{ratio.n_candidate}: p >= {floor:.2g} whatever they measure)"
         )
-    if slower:
-        return SLOWER, "slower"
-    if faster:
-        return FASTER, "faster"
-    if abs(ratio.estimate - 1.0) > threshold:
+    c, low, high = corrected(ratio, machine, rule.aa_spread)
+    m = machine.bounds()[0] if machine is not None else 1.0
+    beyond = abs(c - 1.0) > rule.min_effect
+    if beyond and (high < 1.0 or low > 1.0):
+        return _beyond(ratio, c, m, rule, window_s)
+    if beyond:
+        return SAME, _within_noise(ratio, c, machine, rule)
+    if ratio.significant and abs(ratio.estimate - 1.0) > rule.min_effect:
+        explained = f"x{ratio.estimate:.2f}, as the machine's own change explains"
+        return SAME, f"{explained} ({_beside(c, m)})"
+    if ratio.significant:
+        return SAME, f"significant, but within the {rule.min_effect:.0%} threshold"
+    return SAME, "no significant change"
+
+
+def _beyond(ratio: ranks.Ratio, c: float, m: float, rule: Rule, window_s: float) -> tuple[str, str]:
+    """The verdict on a change beyond the minimum effect whose whole interval lies on one
+    side of no change: called, unless the cell moved against it or its windows are short."""
+    slower = c < 1.0
+    word = "slower" if slower else "faster"
+    if (ratio.high < 1.0) if not slower else (ratio.low > 1.0):
+        moved = "slower" if ratio.high < 1.0 else "faster"
         return SAME, (
-            f"x{ratio.estimate:.2f}, as the machine's own change explains (its probe x{m:.2f} "
-            f"[{m_low:.2f}–{m_high:.2f}]; ratio / machine x{corrected:.2f})"
+            f"x{ratio.estimate:.2f}: {moved} than before, but by less than the machine "
+            f"({_beside(c, m)}): a changed machine moves cells less than its probe, so not "
+            f"called {word}"
         )
-    return SAME, f"significant, but within the {threshold:.0%} threshold"
+    if window_s < rule.min_window_s:
+        return SAME, (
+            f"{word} by the numbers, but its windows ({window_s:.2f} s) are shorter than the "
+            f"{rule.min_window_s:g} s a change is called on (conditions.min_window_s): "
+            "lengthen steps.measured"
+        )
+    if abs(m - 1.0) > MACHINE_CHANGE:
+        return (SLOWER if slower else FASTER), f"{word} beyond the machine ({_beside(c, m)})"
+    return (SLOWER if slower else FASTER), word
+
+
+def _within_noise(ratio: ranks.Ratio, c: float, machine: Machine | None, rule: Rule) -> str:
+    """Words for a change beyond the minimum effect whose interval reaches no change: which
+    noise lets it (the runs' own spread, the machine's probe, or the trials themselves)."""
+    _, low, high = corrected(ratio, machine, 0.0)
+    if high < 1.0 or low > 1.0:
+        return (
+            f"x{c:.2f} beside the machine, within the ±{rule.aa_spread:.0%} two runs of identical "
+            "code differ by (A/A): repeat the runs to tell"
+        )
+    if ratio.significant:
+        return f"x{c:.2f} beside the machine, but not significant beside its probe's own noise"
+    return "no significant change"
+
+
+def _beside(c: float, m: float) -> str:
+    return f"machine x{m:.2f}; ratio / machine x{c:.2f}"
 
 
 def regressions(compared: pd.DataFrame) -> pd.DataFrame:
     """The cells that got significantly slower by more than the threshold."""
     return compared[compared["mark"] == SLOWER]
-
-
-def verdict_line(compared: pd.DataFrame) -> str:
-    """E.g. ``"12 cells: 1 faster, 2 slower, 8 unchanged, 1 not comparable"``."""
-    counts = compared["mark"].value_counts()
-    parts = [
-        f"{counts.get(FASTER, 0)} faster",
-        f"{counts.get(SLOWER, 0)} slower",
-        f"{counts.get(SAME, 0)} unchanged",
-        f"{counts.get(NOT_COMPARABLE, 0)} not comparable",
-    ]
-    return f"{len(compared)} cells: " + ", ".join(parts)
 
 
 # --- speedups, both ways ---------------------------------------------------------------------
@@ -507,107 +612,3 @@ def cross_check_speedups(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     both["new_inside_old"] = both["new_speedup"].between(both["old_low"], both["old_high"])
     both["old_inside_new"] = both["old_speedup"].between(both["new_low"], both["new_high"])
     return both[CROSS_CHECK_COLUMNS].reset_index(drop=True)
-
-
-def cross_check_rows(checked: pd.DataFrame) -> list[list[str]]:
-    """The cross-check as text: each speedup with its interval, and which checks hold."""
-    return [
-        [
-            f"{row['comparison']}: {row['model']} ({row['mode']})",
-            _ratio(row["old_speedup"], row["old_low"], row["old_high"], row["old_confidence"]),
-            _ratio(row["new_speedup"], row["new_low"], row["new_high"], row["new_confidence"]),
-            "yes" if row["new_inside_old"] else "NO",
-            "yes" if row["old_inside_new"] else "NO",
-        ]
-        for row in checked.to_dict("records")
-    ]
-
-
-CROSS_CHECK_HEADERS = ["speedup", "old [interval]", "new [interval]", "new in old", "old in new"]
-
-
-def cross_check_line(checked: pd.DataFrame) -> str:
-    """E.g. ``"speedups: 17 of 18 cross-checks hold (each run's speedup inside the other's
-    interval)"``."""
-    held = int(checked["new_inside_old"].sum() + checked["old_inside_new"].sum())
-    return (
-        f"speedups: {held} of {2 * len(checked)} cross-checks hold (each run's speedup inside "
-        "the other's interval)"
-    )
-
-
-# --- showing -------------------------------------------------------------------------------------
-
-DISPLAY_HEADERS = [
-    "",
-    "old samples/s",
-    "new samples/s",
-    "ratio [interval, 95% unless stated]",
-    "p",
-    "/ machine",
-    "cell",
-    "change",
-]
-
-
-def display_rows(compared: pd.DataFrame) -> list[list[str]]:
-    """The comparison as text: every rate with its ok trials, every ratio with its interval."""
-    return [
-        [
-            row["mark"],
-            _rate(row["old_samples_per_s"], row["old_trials"]),
-            _rate(row["new_samples_per_s"], row["new_trials"]),
-            _ratio(row["ratio"], row["ratio_low"], row["ratio_high"], row["ratio_confidence"]),
-            "" if math.isnan(row["p_value"]) else f"{row['p_value']:.3g}",
-            "" if math.isnan(row["corrected_ratio"]) else f"{row['corrected_ratio']:.2f}",
-            cell_label(row),
-            row["change"],
-        ]
-        for row in compared.to_dict("records")
-    ]
-
-
-def cell_label(row: Mapping[str, Any]) -> str:
-    place = {key: row[key] for key in ("env", "model", "variant", "mode")}
-    platform = platform_directory(row.get("platform") or "")
-    used = [key for key in SIZE_KEYS if key not in unused_sizes(row["model"])]
-    size = size_label({k: _integer(row[k]) for k in SIZE_KEYS}, used)
-    return PLACE_PATTERN.format(**place, platform=platform, size=size)
-
-
-def _integer(value: Any) -> str:
-    """A size as the layout writes it: ``64``, also where the table holds it as 64.0."""
-    plain = _plain(value)
-    return "?" if plain is None else str(plain)
-
-
-def _rate(median: float, trials: int) -> str:
-    return f"{'—' if math.isnan(median) else f'{median:.1f}'} (n={trials})"
-
-
-def _ratio(ratio: float, low: float, high: float, achieved: float) -> str:
-    """E.g. ``"1.34 [1.10–1.52] 90%"``: the level is shown where it falls short of 95 %."""
-    if math.isnan(ratio):
-        return "—"
-    if math.isnan(low):
-        return f"{ratio:.2f} [no interval]"
-    note = stats.confidence_note(CONFIDENCE, achieved)
-    return f"{ratio:.2f} [{low:.2f}–{high:.2f}]" + (f" {note}" if note else "")
-
-
-def as_text(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A fixed-width table for a terminal, the last column left unpadded."""
-    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers) - 1)]
-    lines = []
-    for cells in [headers, *rows]:
-        padded = [cell.ljust(width) for cell, width in zip(cells, widths, strict=False)]
-        lines.append("  ".join([*padded, cells[-1]]).rstrip())
-    return "\n".join(lines) + "\n"
-
-
-def as_markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") or " " for c in cells) + " |"
-
-    rule = "|" + "|".join(" --- " for _ in headers) + "|"
-    return "\n".join([line(["mark", *headers[1:]]), rule, *map(line, rows)]) + "\n"

@@ -11,9 +11,11 @@ import pandas as pd
 
 from ptspeed.analysis import late_numerics, ranks, stats
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE
+from ptspeed.analysis.compare import Rule
 from ptspeed.analysis.conditions import settings
 from ptspeed.cell.measurement.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.render.breakdown import PROFILING_METHOD
+from ptspeed.render.comparison import rule_sentence
 from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank, plural
 from ptspeed.render.page import Block, ReportInputs, Section
 from ptspeed.render.tables import COMPILER_HEADER, Column, Row, Table, given
@@ -245,11 +247,8 @@ def method_section(inputs: ReportInputs) -> Section:
         [
             "against an earlier run",
             "scripts/compare.py's rule (compare.earlier): per cell the Hodges–Lehmann ratio new "
-            "/ old with its exact interval and the Mann–Whitney test, and the machine's ratio "
-            "from the probes of the same trials; a cell is slower (faster) only when the change "
-            "is significant, its ratio and its ratio / machine are beyond compare.min_effect, "
-            "its interval lies wholly below (above) both 1 and the machine's interval, and its "
-            "windows last conditions.min_window_s or more",
+            "/ old with its exact interval, and per environment the machine's ratio from the "
+            f"probes of the same trials; {rule_sentence(Rule.of(config))}",
         ],
         ["TF32 and cudnn.benchmark", _backend_settings(inputs.runs)],
     ]

@@ -17,19 +17,18 @@ from typing import Any
 import pandas as pd
 
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
-from ptspeed.analysis.compare import (
-    DEFAULT_THRESHOLD,
-    DISPLAY_HEADERS,
-    compare_runs,
-    display_rows,
-    machine_changes,
-    machine_lines,
-    verdict_line,
-)
+from ptspeed.analysis.compare import AA_SPREAD, Rule, compare_runs, defaults_of, machine_changes
 from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
 from ptspeed.render.breakdown import comparison_chart, version_blocks, why_column
+from ptspeed.render.comparison import (
+    DISPLAY_HEADERS,
+    display_rows,
+    machine_lines,
+    rule_line,
+    verdict_line,
+)
 from ptspeed.render.figures import (
     FIRST_STEP,
     PEAK_MEMORY,
@@ -203,13 +202,11 @@ def earlier_section(inputs: ReportInputs) -> Section | None:
     earlier = inputs.earlier
     if earlier is None:
         return None
-    conditions = settings(inputs.config)
-    keep = bool(conditions["keep_perturbed"])
+    defaults = defaults_of(inputs.config, "this run's config")
+    keep = defaults.keep_perturbed
     compare = inputs.config.get("compare") or {}
-    min_effect = float(compare.get("min_effect", DEFAULT_THRESHOLD))
-    compared = compare_runs(
-        earlier, inputs.runs, min_effect, keep, float(conditions["min_window_s"])
-    )
+    rule = Rule(defaults.min_effect, AA_SPREAD, defaults.min_window_s)
+    compared = compare_runs(earlier, inputs.runs, rule.min_effect, keep, rule.min_window_s)
     machine = [
         Block(note=line) for line in machine_lines(machine_changes(earlier, inputs.runs, keep))
     ]
@@ -229,12 +226,11 @@ def earlier_section(inputs: ReportInputs) -> Section | None:
         title="Against an earlier run",
         intro=(
             f"Each cell of this run (new) against {compare.get('earlier') or 'an earlier run'} "
-            "(old), "
-            f"as scripts/compare.py sets them: - slower, + faster beyond the machine's own "
-            f"change and {min_effect:.0%}, x not comparable (rule: Method)."
+            "(old), as scripts/compare.py sets them: - slower, + faster, x not comparable."
         ),
         blocks=[
             *machine,
+            Block(note=rule_line(rule, defaults.source)),
             Block(
                 table=Table.of(columns, rows),
                 footnote=verdict_line(compared),
