@@ -107,11 +107,11 @@ from ptspeed.analysis.columns import (
 from ptspeed.analysis.conditions import counted_in_speedups, probe_kind, probe_s, settings
 from ptspeed.analysis.summary import status_counts
 from ptspeed.errors import InputError
-from ptspeed.plan.config import fill_defaults, load_schema
 from ptspeed.plan.layout import (
     SIZE_KEYS,
     runs_csv_of,
 )
+from ptspeed.plan.schema import fill_defaults, load_schema
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
 # Two runs of identical code differ by up to this ratio (95 %): measured, see the docstring.
