@@ -62,3 +62,29 @@ def test_tritons_libcuda_link_finds_the_driver_apptainer_bound(tmp_path: Path) -
     # A second cell on the node (or another driver's path) replaces the link atomically.
     assert hostenv.triton_libcuda(driver, link_dir=tmp_path / "links") == variables
     assert hostenv.triton_libcuda(tmp_path / "absent") == {}
+
+
+def test_inside_an_image_the_variables_its_own_environment_sets_are_kept(tmp_path: Path) -> None:
+    """An image that finds its tools through the environment it was built with (Docker ENV
+    converted by Apptainer, a definition file's %environment) keeps them; what the caller
+    brings from a login node is still cleared."""
+    scripts = tmp_path / "env"
+    scripts.mkdir()
+    (scripts / "10-docker2singularity.sh").write_text(
+        '#!/bin/sh\nexport PATH="${PATH:-/usr/local/bin}"\n'
+        'export TRITON_PTXAS_PATH="${TRITON_PTXAS_PATH:-/usr/local/cuda/bin/ptxas}"\n'
+    )
+    (scripts / "90-environment.sh").write_text("#!/bin/sh\nCC=/opt/gcc/bin/gcc\nexport CC\n")
+    environ = {
+        "TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas",
+        "CC": "/opt/gcc/bin/gcc",
+        "TORCHINDUCTOR_MAX_AUTOTUNE": "1",  # the caller's, from a login node
+        "PATH": "/usr/bin",
+    }
+    worker = hostenv.worker_environment(environ, tmp_path / "no-driver", scripts)
+    assert worker["TRITON_PTXAS_PATH"] == "/usr/local/cuda/bin/ptxas"
+    assert worker["CC"] == "/opt/gcc/bin/gcc"
+    assert "TORCHINDUCTOR_MAX_AUTOTUNE" not in worker
+    assert json.loads(worker[hostenv.CLEARED_VARIABLE]) == {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}
+    outside = hostenv.worker_environment(environ, tmp_path / "no-driver", tmp_path / "none")
+    assert "TRITON_PTXAS_PATH" not in outside and "CC" not in outside

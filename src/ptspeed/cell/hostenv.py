@@ -8,6 +8,10 @@ Triton compile with them), ``TORCHINDUCTOR_*``, ``TORCHDYNAMO_*``, ``TRITON_*``,
 ``CUDA_LAUNCH_BLOCKING``, ``NVIDIA_TF32_OVERRIDE`` or ``LD_PRELOAD`` set on a login node
 silently change what a cell measures or break its compilation, so the worker starts without
 them. ``NCCL_*`` is a site's fabric setting that a job may need: kept, and named in the record.
+Inside an Apptainer image, a name the image's own environment sets (its Docker ``ENV``, a
+definition file's ``%environment``: ``/.singularity.d/env/*.sh``) has the image's value, which
+wins over the caller's: it is how the image finds its tools (``TRITON_PTXAS_PATH``, ``CC``,
+``LIBRARY_PATH`` for libcuda), part of the environment as built, and is kept.
 
 Standard library only: the watchdog (``ptspeed.launch``) calls it before torch is imported.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,18 +36,39 @@ CLEARED_PREFIXES = ("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE_", "TRITON_
 KEPT_PREFIXES = ("NCCL_",)
 # How the watchdog tells its worker (whose environment no longer has them) what it cleared.
 CLEARED_VARIABLE = "PTSPEED_CLEARED_VARIABLES"
+# Where Apptainer keeps the image's environment scripts, sourced at every start.
+APPTAINER_ENV_SCRIPTS = Path("/.singularity.d/env")
+_EXPORTED = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=", re.MULTILINE)
 # Where `apptainer exec --nv` binds the driver's libraries (and puts them on LD_LIBRARY_PATH
 # only: they are not in the container's ld cache).
 APPTAINER_DRIVER_LIBS = Path("/.singularity.d/libs")
 
 
-def cleared(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``environ`` that the worker starts without, with their values."""
+def cleared(
+    environ: Mapping[str, str], image_scripts: Path = APPTAINER_ENV_SCRIPTS
+) -> dict[str, str]:
+    """The variables of ``environ`` that the worker starts without, with their values (the
+    names an Apptainer image's own environment sets are its, and stay)."""
+    image_names = image_variables(image_scripts)
     return {
         name: value
         for name, value in environ.items()
-        if name in CLEARED_NAMES or name.startswith(CLEARED_PREFIXES)
+        if (name in CLEARED_NAMES or name.startswith(CLEARED_PREFIXES))
+        and name not in image_names
     }
+
+
+def image_variables(scripts: Path = APPTAINER_ENV_SCRIPTS) -> frozenset[str]:
+    """The names the image's environment scripts assign ({} outside an Apptainer image)."""
+    if not scripts.is_dir():
+        return frozenset()
+    names: set[str] = set()
+    for script in sorted(scripts.glob("*.sh")):
+        try:
+            names.update(_EXPORTED.findall(script.read_text(errors="replace")))
+        except OSError:
+            continue
+    return frozenset(names)
 
 
 def kept(environ: Mapping[str, str]) -> dict[str, str]:
@@ -51,11 +77,13 @@ def kept(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def worker_environment(
-    environ: Mapping[str, str], driver_libs: Path = APPTAINER_DRIVER_LIBS
+    environ: Mapping[str, str],
+    driver_libs: Path = APPTAINER_DRIVER_LIBS,
+    image_scripts: Path = APPTAINER_ENV_SCRIPTS,
 ) -> dict[str, str]:
     """``environ`` without what :func:`cleared` names (listed in ``CLEARED_VARIABLE``), with
     what Triton needs to link against the driver bound into an Apptainer container."""
-    removed = cleared(environ)
+    removed = cleared(environ, image_scripts)
     worker = {name: value for name, value in environ.items() if name not in removed}
     worker[CLEARED_VARIABLE] = json.dumps(removed, sort_keys=True)
     worker.update(triton_libcuda(driver_libs))
