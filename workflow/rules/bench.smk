@@ -22,8 +22,6 @@ rule cell:
     threads: cell_threads()
     resources:
         **CELL_JOB_RESOURCES,
-        # A constant where it can be: Snakemake calls a function once per job.
-        gpu=cell_gpus if DEVICE_CLASS == "cuda" else 0,
         runtime=runtime_minutes(config),
         mem_mb=config["mem_mb"],
         cpus_per_task=cell_cpus,

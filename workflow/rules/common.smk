@@ -12,11 +12,12 @@ from ptspeed.plan.cluster import (
     check_cluster,
     check_gpu_limit,
     cpus_per_cell,
+    gpu_request,
     slurm_resources,
 )
 from ptspeed.plan.config import effective_config_json, prepare_config
-from ptspeed.plan.device import detect_device_class
-from ptspeed.plan.platforms import cell_job_resources, platform_plan
+from ptspeed.plan.device import detect_device_class, device_class_for_jobs
+from ptspeed.plan.platforms import cell_job_resources, platform_of, platform_plan
 from ptspeed.envs.containers import check_container_config
 from ptspeed.envs.gpu_code import environment_codes, environment_record_path
 from ptspeed.envs.realise import Realisation
@@ -33,10 +34,31 @@ from ptspeed.plan.matrix import (
 from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
 from ptspeed.errors import ConfigError
 
+
+def jobs_go_to_scheduler():
+    """Whether cells run as cluster jobs (e.g. --executor slurm). workflow.executor_plugin is
+    still None while the Snakefile is parsed (Workflow.execute sets it later), but the command
+    line moves --jobs into --cores for a local executor, so in the main process nodes is set
+    only for a remote one; inside the cluster job Snakemake runs in remote mode."""
+    return workflow.remote_exec or (
+        workflow.is_main_process and workflow.resource_settings.nodes is not None
+    )
+
+
+ON_SCHEDULER = jobs_go_to_scheduler()
+
+
+def device_class(requested):
+    """The cells' device class, decided for the nodes they run on (ptspeed.plan.device)."""
+    if ON_SCHEDULER:
+        return device_class_for_jobs(requested, bool(config.get("platforms")))
+    return detect_device_class(requested)
+
+
 # Checks the config (schema, paths, cross-references) and fills its defaults in place.
 try:
     DEVICE_CLASS = prepare_config(
-        config, detect_device_class, Path.cwd(), workflow.configfiles
+        config, device_class, Path.cwd(), workflow.configfiles
     )
 except ConfigError as exc:
     raise WorkflowError(f"config: {exc}") from None
@@ -55,26 +77,15 @@ if workflow.is_main_process:
 HOST_PYTHON = shlex.quote(sys.executable)
 
 
-def jobs_go_to_scheduler():
-    """Whether cells run as cluster jobs (e.g. --executor slurm). workflow.executor_plugin is
-    still None while the Snakefile is parsed (Workflow.execute sets it later), but the command
-    line moves --jobs into --cores for a local executor, so in the main process nodes is set
-    only for a remote one; inside the cluster job Snakemake runs in remote mode."""
-    return workflow.remote_exec or (
-        workflow.is_main_process and workflow.resource_settings.nodes is not None
-    )
-
-
 def gpu_limit():
     """The --resources gpu=N of the command line or a profile, None when not given."""
     limit = workflow.resource_settings.resources.get("gpu")
     return getattr(limit, "value", limit)
 
 
-ON_SCHEDULER = jobs_go_to_scheduler()
 if workflow.is_main_process:
     try:
-        check_cluster(config["cluster"], ON_SCHEDULER)
+        check_cluster(config["cluster"], ON_SCHEDULER, config["platforms"])
     except ConfigError as exc:
         raise WorkflowError(f"config: {exc}") from None
     try:
@@ -86,10 +97,50 @@ if workflow.is_main_process:
             check_variant_gpus(config["variants"], gpu_limit())
         except ConfigError as exc:
             raise WorkflowError(f"config: {exc}") from None
+
+
+def cell_gpus(wildcards):
+    """GPUs a CUDA cell requests (none on the CPU, a constant there): its processes (procs= of
+    ddp/fsdp, else 1). Which GPUs it gets on the node is decided by the cell itself
+    (ptspeed.launch.gpus): Snakemake only counts."""
+    return parse_knobs(config["variants"][wildcards.variant]).world_size
+
+
+GRES_TYPES = {platform.name: platform.gres_type for platform in PLATFORM_PLAN.platforms}
+GPU_REQUEST_KEYS = ("gpu", "gpu_model", "gres", "slurm_extra")
+
+
+def cell_gpu_resources():
+    """What a cell job asks for its GPUs. On one machine the count alone, which Snakemake sums
+    within --resources gpu=N; a cluster job asks SLURM as the site takes it
+    (cluster.gpu_request: ptspeed.plan.cluster.gpu_request)."""
+    if DEVICE_CLASS != "cuda":
+        return {"gpu": 0}
+    if not ON_SCHEDULER:
+        return {"gpu": cell_gpus}
+    for gres_type in GRES_TYPES.values():
+        gpu_request(1, gres_type, config["cluster"]["gpu_request"])
+    return {key: cluster_gpu_request(key) for key in GPU_REQUEST_KEYS}
+
+
+def cluster_gpu_request(key):
+    def value(wildcards):
+        gres_type = GRES_TYPES[platform_of(wildcards)]
+        how = config["cluster"]["gpu_request"]
+        return gpu_request(cell_gpus(wildcards), gres_type, how)[key]
+
+    return value
+
+
+# Each cell job on one node (sbatch --nodes=1): a distributed cell's processes talk over the
+# node's links, and a job spread over nodes would measure the network instead.
+ONE_NODE = {"nodes": 1} if ON_SCHEDULER else {}
 try:
-    CELL_JOB_RESOURCES = cell_job_resources(
-        PLATFORM_PLAN, slurm_resources(config["cluster"]), DEVICE_CLASS == "cuda"
-    )
+    CELL_JOB_RESOURCES = {
+        **cell_job_resources(PLATFORM_PLAN, slurm_resources(config["cluster"])),
+        **cell_gpu_resources(),
+        **ONE_NODE,
+    }
 except ConfigError as exc:
     raise WorkflowError(f"config: {exc}") from None
 
@@ -227,10 +278,3 @@ def cell_cpus(wildcards, threads):
 
 def trial_priority(wildcards):
     return config["trials"] - int(wildcards.trial)
-
-
-def cell_gpus(wildcards):
-    """GPUs a CUDA cell requests (none on the CPU, a constant there): its processes (procs= of
-    ddp/fsdp, else 1). Which GPUs it gets on the node is decided by the cell itself
-    (ptspeed.launch.gpus): Snakemake only counts."""
-    return parse_knobs(config["variants"][wildcards.variant]).world_size
