@@ -19,7 +19,7 @@ rule cell:
     priority: trial_priority
     container:
         env_container
-    threads: cell_threads()
+    threads: cell_threads
     resources:
         **CELL_JOB_RESOURCES,
         runtime=runtime_minutes(config),

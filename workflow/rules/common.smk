@@ -263,11 +263,15 @@ def cell_settings(wildcards):
     return f"{cell_arguments(wildcards, 0)} threads={config['threads']}"
 
 
-def cell_threads():
-    return (
-        cpus_per_cell(config["threads"], config["cluster"], ON_SCHEDULER)
-        or workflow.cores
-        or 1
+def cell_threads(wildcards):
+    gpus = cell_gpus(wildcards) if DEVICE_CLASS == "cuda" else 0
+    return cpus_per_cell(
+        config["threads"],
+        config["cluster"],
+        ON_SCHEDULER,
+        workflow.cores or 1,
+        gpus,
+        gpu_limit(),
     )
 
 

@@ -100,9 +100,22 @@ def check_gpu_limit(limit: int | None, cuda: bool, jobs_go_to_scheduler: bool) -
         )
 
 
-def cpus_per_cell(threads: int, cluster: Mapping[str, Any], jobs_go_to_scheduler: bool) -> int:
+def cpus_per_cell(
+    threads: int,
+    cluster: Mapping[str, Any],
+    jobs_go_to_scheduler: bool,
+    cores: int,
+    gpus: int = 0,
+    gpu_limit: int | None = None,
+) -> int:
     """CPUs of one cell: ``threads`` when set; else a cluster job's ``cluster.cpus_per_task``;
-    else 0, which leaves the choice to the caller (all cores given to Snakemake)."""
+    else, for a cell of ``gpus`` GPUs on a node whose cells share ``gpu_limit`` GPUs
+    (``--resources gpu=N``), its GPUs' share of the node's ``cores``, so that N one-GPU cells
+    run side by side; else all ``cores``."""
     if threads:
         return threads
-    return int(cluster["cpus_per_task"]) if jobs_go_to_scheduler else 0
+    if jobs_go_to_scheduler:
+        return int(cluster["cpus_per_task"])
+    if gpus and gpu_limit:
+        return max(cores * gpus // gpu_limit, 1)
+    return max(cores, 1)
