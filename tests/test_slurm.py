@@ -23,7 +23,14 @@ from helpers import TINY_STEPS, write_config
 from helpers import snakemake as run_snakemake
 
 from ptspeed.errors import ConfigError
-from ptspeed.plan.cluster import check_cluster, check_gpu_limit, cpus_per_cell, slurm_resources
+from ptspeed.plan.cluster import (
+    check_cluster,
+    check_gpu_limit,
+    cpus_per_cell,
+    gpu_request,
+    slurm_resources,
+)
+from ptspeed.plan.device import device_class_for_jobs
 
 pytestmark = pytest.mark.workflow
 
@@ -97,9 +104,53 @@ def test_a_gpu_limit_of_zero_is_refused_only_for_cuda_cluster_jobs() -> None:
 
 def test_cluster_jobs_take_their_cpus_from_the_cluster_block() -> None:
     cluster = {"cpus_per_task": 6}
-    assert cpus_per_cell(2, cluster, jobs_go_to_scheduler=True) == 2
-    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=True) == 6
-    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=False) == 0
+    assert cpus_per_cell(2, cluster, jobs_go_to_scheduler=True, cores=32) == 2
+    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=True, cores=32) == 6
+    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=False, cores=32) == 32
+
+
+def test_gpu_cells_on_one_node_take_their_gpus_share_of_the_cores() -> None:
+    """profiles/gpu-node with --resources gpu=8 on a 32-core node: 8 one-GPU cells at once."""
+    cluster = {"cpus_per_task": 6}
+    assert cpus_per_cell(0, cluster, False, cores=32, gpus=1, gpu_limit=8) == 4
+    assert cpus_per_cell(0, cluster, False, cores=32, gpus=2, gpu_limit=8) == 8
+    assert cpus_per_cell(0, cluster, False, cores=4, gpus=1, gpu_limit=8) == 1
+    assert cpus_per_cell(3, cluster, False, cores=32, gpus=1, gpu_limit=8) == 3
+
+
+def test_device_auto_is_decided_for_the_nodes_that_run_cluster_jobs() -> None:
+    assert device_class_for_jobs("auto", declares_platforms=True) == "cuda"
+    assert device_class_for_jobs("cpu", declares_platforms=True) == "cpu"
+    assert device_class_for_jobs("cuda", declares_platforms=False) == "cuda"
+    with pytest.raises(ConfigError, match=r"^device: auto cannot be decided .* set device: cuda"):
+        device_class_for_jobs("auto", declares_platforms=False)
+
+
+def test_a_required_partition_may_come_from_every_platform() -> None:
+    cluster = {"account": "", "partition": "", "partition_required": True}
+    check_cluster(cluster, True, {"a100": {"partition": "gpu-a"}, "h100": {"partition": "gpu-h"}})
+    with pytest.raises(ConfigError, match=r"^cluster\.partition: .*\(platform h100 sets none\)"):
+        check_cluster(cluster, True, {"a100": {"partition": "gpu-a"}, "h100": {}})
+
+
+def test_gpu_requests_as_sites_take_them() -> None:
+    assert gpu_request(2, "a100", "gpus") == {
+        "gpu": 2, "gpu_model": "a100", "gres": "", "slurm_extra": ""
+    }  # fmt: skip
+    assert gpu_request(1, "", "gres")["gres"] == "gpu:1"
+    assert gpu_request(2, "a100", "gres") == {
+        "gpu": 0, "gpu_model": "", "gres": "gpu:a100:2", "slurm_extra": ""
+    }  # fmt: skip
+    # The plugin rejects a '-' in gpu_model: a dashed type travels as --gpus-per-node.
+    dashed = gpu_request(1, "a100-sxm4-80gb", "gpus")
+    assert dashed == {
+        "gpu": 0,
+        "gpu_model": "",
+        "gres": "",
+        "slurm_extra": "--gpus-per-node=a100-sxm4-80gb:1",
+    }
+    with pytest.raises(ConfigError, match=r"^platforms: gres_type 'a100-sxm4-80gb' cannot travel"):
+        gpu_request(1, "a100-sxm4-80gb", "gres")
 
 
 def test_slurm_run_without_a_required_account_stops_with_one_line(tmp_path: Path) -> None:
@@ -123,6 +174,66 @@ def test_cuda_run_with_the_default_profile_added_is_refused(tmp_path: Path) -> N
     assert done.returncode != 0, done.stdout
     assert "resources: gpu=0 would submit CUDA cell jobs without a GPU" in done.stdout
     assert "Building DAG" not in done.stdout
+
+
+def test_device_auto_on_a_login_node_without_platforms_stops_with_one_line(tmp_path: Path) -> None:
+    """Today's login node has no GPU: auto must not plan the GPU nodes' cells as CPU cells."""
+    config = slurm_config(tmp_path, device="auto")
+    done = snakemake("--dry-run", "--configfile", str(config))
+    assert done.returncode != 0, done.stdout
+    messages = [line for line in done.stdout.splitlines() if line.startswith("config: ")]
+    assert messages == [
+        "config: device: auto cannot be decided for cluster jobs on the node that submits them "
+        "(it would plan the GPU nodes' cells from this node's devices); set device: cuda or "
+        "device: cpu (e.g. --config device=cuda), or list the cluster's GPU types as platforms"
+    ], done.stdout
+    assert "Building DAG" not in done.stdout
+
+
+def cell_job_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "resources:" in line and "nodes=" in line]
+
+
+def test_device_auto_with_platforms_plans_cuda_cells_at_gpu_sizes(tmp_path: Path) -> None:
+    platforms = {**PLATFORMS, "h100": {**PLATFORMS["h100"], "gres_type": "h100-80gb"}}
+    models = {"mlp": {"cpu": {"batch_size": 8}, "cuda": {"batch_size": 16}}}
+    config = slurm_config(tmp_path, device="auto", trials=1, models=models, platforms=platforms)
+    done = snakemake("--dry-run", "--configfile", str(config))
+    assert done.returncode == 0, done.stdout
+    planned = [line for line in done.stdout.splitlines() if "/records/" in line]
+    assert planned and all("/b16/" in line for line in planned), planned
+    jobs = cell_job_lines(done.stdout)
+    assert len(jobs) == 4, done.stdout
+    for line in jobs:
+        assert "nodes=1" in line
+        assert ("gpu=1, gpu_model=a100" in line) or (
+            "gpu=0, gpu_model=, gres=, slurm_extra=--gpus-per-node=h100-80gb:1" in line
+        ), line
+
+
+def test_a_gres_site_gets_its_gpus_by_gres(tmp_path: Path) -> None:
+    config = slurm_config(
+        tmp_path, device="cuda", trials=1, platforms=PLATFORMS, cluster={"gpu_request": "gres"}
+    )
+    done = snakemake("--dry-run", "--configfile", str(config))
+    assert done.returncode == 0, done.stdout
+    jobs = cell_job_lines(done.stdout)
+    assert len(jobs) == 4, done.stdout
+    assert sorted(line.split("gres=")[1].split(",")[0] for line in jobs) == [
+        "gpu:a100:1", "gpu:a100:1", "gpu:h100:1", "gpu:h100:1"
+    ]  # fmt: skip
+    assert all("gpu=0" in line for line in jobs)
+
+
+def test_gpu_cells_of_the_gpu_node_recipe_share_its_cores(tmp_path: Path) -> None:
+    config = slurm_config(tmp_path, device="cuda", trials=1, threads=0)
+    done = snakemake(
+        "--dry-run", "--configfile", str(config), "--cores", "8", "--resources", "gpu=2",
+        profile=("--workflow-profile", "profiles/gpu-node"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    threads = [line.strip() for line in done.stdout.splitlines() if "threads:" in line]
+    assert threads == ["threads: 4"] * 2, done.stdout
 
 
 def test_cell_jobs_carry_the_cluster_block_as_resources(tmp_path: Path) -> None:
