@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -19,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import TINY_STEPS, write_config
+from helpers import ROOT, TINY_STEPS, write_config
 from helpers import snakemake as run_snakemake
 
 from ptspeed.errors import ConfigError
@@ -279,32 +280,58 @@ def cancel_jobs(prefix: str) -> None:
         subprocess.run(["scancel", *left], timeout=SLURM_QUERY_TIMEOUT_S, check=False)
 
 
-def run_on_slurm(directory: Path, config: Path, *extra: str) -> tuple[str, float, str]:
-    """Run the workflow through the slurm executor; return (output, wall seconds, job-name
-    prefix). Whatever happens, no job of this run is left queued."""
+def run_on_slurm(
+    directory: Path, config: Path, *extra: str, command: list[str] | None = None
+) -> tuple[str, float, str]:
+    """Run the workflow through the slurm executor (by ``command``, a README's, or the slurm
+    profile's); return (output, wall seconds, job-name prefix). Whatever happens, no job of
+    this run is left queued."""
     prefix = f"ptspeedtest_{uuid.uuid4().hex[:8]}"
+    arguments = [
+        "--configfile",
+        str(config),
+        "--slurm-status-command",
+        "squeue",
+        "--slurm-init-seconds-before-status-checks",
+        "2",
+        "--slurm-logdir",
+        str(directory / "slurm-logs"),
+        "--slurm-jobname-prefix",
+        prefix,
+        *extra,
+    ]
     started = time.monotonic()
     try:
-        done = snakemake(
-            "--configfile",
-            str(config),
-            "--slurm-status-command",
-            "squeue",
-            "--slurm-init-seconds-before-status-checks",
-            "2",
-            "--slurm-logdir",
-            str(directory / "slurm-logs"),
-            "--slurm-jobname-prefix",
-            prefix,
-            *extra,
-            timeout=SLURM_RUN_TIMEOUT_S,
-        )
+        if command:
+            done = subprocess.run(
+                [*command, *arguments],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=SLURM_RUN_TIMEOUT_S,
+                check=False,
+            )
+        else:
+            done = snakemake(*arguments, timeout=SLURM_RUN_TIMEOUT_S)
     finally:
         cancel_jobs(prefix)
     wall_s = time.monotonic() - started
     print(f"SLURM run: {wall_s:.1f} s wall")
     assert done.returncode == 0, done.stdout[-6000:]
     return done.stdout, wall_s, prefix
+
+
+def readme_command(start: str) -> list[str]:
+    """The README's command line that starts with ``start``, as printed (a line ending in a
+    backslash continues on the next)."""
+    lines = iter((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    for line in lines:
+        if line.startswith(start):
+            while line.endswith("\\"):
+                line = line[:-1] + next(lines)
+            return shlex.split(line, comments=True)
+    raise AssertionError(f"README.md has no command starting with {start!r}")
 
 
 def records(results: Path) -> list[dict[str, Any]]:
@@ -458,3 +485,33 @@ def test_a_cuda_cell_asks_for_its_platforms_gpu_type(tmp_path: Path, slurm_node:
     assert record["cell"]["platform"] == "h100"
     # The h100 fake GPU is the node's second (gres.conf order): SLURM gave the job that one.
     assert record["provenance"]["cuda_visible_devices"] in ("0", "1")
+
+
+# --- the README's recipes, from a side without a GPU ------------------------------------------
+
+GPU_SIZES = {"mlp": {"cpu": {"batch_size": 8}, "cuda": {"batch_size": 16}}}
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
+@pytest.mark.slow
+def test_the_readme_login_node_recipe_runs_cuda_cells_on_the_gpu_nodes(
+    tmp_path: Path, slurm_node: None
+) -> None:
+    """The login node (this shell) has no GPU; the cells' nodes have (fake) ones."""
+    assert shutil.which("nvidia-smi") is None, "the submitting side must have no GPU"
+    command = readme_command(".venv/bin/snakemake --workflow-profile profiles/slurm")
+    config = slurm_config(tmp_path, device="auto", trials=1, models=GPU_SIZES)
+    output, _, _ = run_on_slurm(tmp_path, config, "--verbose", command=command)
+    sbatch_calls = [line for line in output.splitlines() if line.startswith("sbatch call:")]
+    assert len(sbatch_calls) == 2, output
+    for call in sbatch_calls:
+        assert " --gpus=1 " in call and " --nodes=1 " in call, call
+    found = records(tmp_path / "results")
+    assert len(found) == 2
+    for record in found:
+        assert record["cell"]["device"] == "cuda" and record["cell"]["batch_size"] == 16
+        # CPU torch on the test nodes: the cell says CUDA is missing, not a speed.
+        assert record["status"] == "unsupported" and "CUDA" in record["reason"], record
+        assert record["provenance"]["slurm_node"] in ("ci1", "ci2")

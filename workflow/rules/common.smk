@@ -265,13 +265,10 @@ def cell_settings(wildcards):
 
 def cell_threads(wildcards):
     gpus = cell_gpus(wildcards) if DEVICE_CLASS == "cuda" else 0
+    # Snakemake refuses to tell a cluster run's cores: a job's CPUs are the cluster block's.
+    cores = 0 if ON_SCHEDULER else workflow.cores
     return cpus_per_cell(
-        config["threads"],
-        config["cluster"],
-        ON_SCHEDULER,
-        workflow.cores or 1,
-        gpus,
-        gpu_limit(),
+        config["threads"], config["cluster"], ON_SCHEDULER, cores, gpus, gpu_limit()
     )
 
 
