@@ -2,6 +2,7 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -31,7 +32,11 @@ from ptspeed.plan.matrix import (
     runtime_minutes,
     variant_compiles,
 )
-from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
+from ptspeed.cell.provenance import (
+    GIT_COMMIT_VARIABLE,
+    git_state,
+    nvidia_driver_version,
+)
 from ptspeed.errors import ConfigError
 
 
@@ -65,11 +70,64 @@ except ConfigError as exc:
 
 RESULTS = config["results"]
 ENVIRONMENTS = config["environments"]
-# The cluster's GPU types, and the environments that carry no code for one's GPU.
+
+
+def in_apptainer():
+    """Whether this run is under --use-singularity / --sdm apptainer."""
+    methods = {str(m).lower() for m in workflow.deployment_settings.deployment_method}
+    return any("apptainer" in m or "singularity" in m for m in methods)
+
+
+IN_APPTAINER = in_apptainer()
+if workflow.is_main_process:
+    try:
+        check_container_config(config, IN_APPTAINER)
+    except ConfigError as exc:
+        raise WorkflowError(f"config: {exc}") from None
+REALISATION = Realisation(
+    config, DEVICE_CLASS, IN_APPTAINER, Path(workflow.basedir), Path.cwd()
+)
+CONTAINERS = REALISATION.containers
+ENV_CACHE = REALISATION.env_cache
+# A docker or podman image pruned since it was built is built again (its manifest goes).
+for notice in REALISATION.forget_pruned_images():
+    print(f"ptspeed: {notice}", file=sys.stderr)
+# An image has no git to ask: the checkout's commit goes in as a variable of this process,
+# which Apptainer passes into the container (a param would rerun every cell after a commit).
+if IN_APPTAINER and not os.environ.get(GIT_COMMIT_VARIABLE):
+    os.environ[GIT_COMMIT_VARIABLE] = git_state()[0]
+
+
+def driver_refusals(platforms):
+    """Each (platform, environment) whose image needs a newer NVIDIA driver than this node's,
+    with the reason: known where Snakemake runs the cells itself (a GPU node). A cluster job
+    checks its own environment where it runs (common_images.smk)."""
+    if DEVICE_CLASS != "cuda" or not IN_APPTAINER or ON_SCHEDULER:
+        return {}
+    driver = nvidia_driver_version()
+    refused = (
+        REALISATION.driver_refusals(config["environments"], driver) if driver else {}
+    )
+    return {
+        (platform.name, env): reason
+        for platform in platforms
+        for env, reason in refused.items()
+    }
+
+
+# The cluster's GPU types, and the environments that carry no code for one's GPU or need a
+# newer driver than this node's.
 try:
     PLATFORM_PLAN = platform_plan(config, environment_codes(config, Path.cwd()))
 except ConfigError as exc:
     raise WorkflowError(f"config: {exc}") from None
+PLATFORM_PLAN = replace(
+    PLATFORM_PLAN,
+    cannot_run={
+        **PLATFORM_PLAN.cannot_run,
+        **driver_refusals(PLATFORM_PLAN.platforms),
+    },
+)
 CELLS = list(cells(config, DEVICE_CLASS, PLATFORM_PLAN.cannot_run))
 if workflow.is_main_process:
     for reason in PLATFORM_PLAN.cannot_run.values():
@@ -185,34 +243,10 @@ RECORD_PATHS = [f"{RESULTS}/{cell.path}" for cell in CELLS]
 MAX_RERUNS = config["conditions"]["reruns"]
 
 
-def in_apptainer():
-    """Whether this run is under --use-singularity / --sdm apptainer."""
-    methods = {str(m).lower() for m in workflow.deployment_settings.deployment_method}
-    return any("apptainer" in m or "singularity" in m for m in methods)
-
-
-IN_APPTAINER = in_apptainer()
-if workflow.is_main_process:
-    try:
-        check_container_config(config, IN_APPTAINER)
-    except ConfigError as exc:
-        raise WorkflowError(f"config: {exc}") from None
-REALISATION = Realisation(
-    config, DEVICE_CLASS, IN_APPTAINER, Path(workflow.basedir), Path.cwd()
-)
-CONTAINERS = REALISATION.containers
-ENV_CACHE = REALISATION.env_cache
-# A docker or podman image pruned since it was built is built again (its manifest goes).
-for notice in REALISATION.forget_pruned_images():
-    print(f"ptspeed: {notice}", file=sys.stderr)
-# An image has no git to ask: the checkout's commit goes in as a variable of this process,
-# which Apptainer passes into the container (a param would rerun every cell after a commit).
-if IN_APPTAINER and not os.environ.get(GIT_COMMIT_VARIABLE):
-    os.environ[GIT_COMMIT_VARIABLE] = git_state()[0]
-
-
 def env_container(wildcards):
-    """The cell's `container:`: the environment's Apptainer image, made by this workflow."""
+    """The cell's `container:`: the environment's Apptainer image, made by this workflow.
+    Asked once per job, where the job runs: there its driver is checked."""
+    check_job_driver(wildcards.env)
     return REALISATION.container(wildcards.env)
 
 
