@@ -7,6 +7,7 @@ bounded: Snakemake runs under a timeout, and jobs a failed run leaves behind are
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.workflow
 PLAN_TIMEOUT_S = 120
 SLURM_RUN_TIMEOUT_S = 600
 SLURM_QUERY_TIMEOUT_S = 20
-SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
+SUBMITTED = re.compile(r"Job \S+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
 
 MATRIX: dict[str, Any] = {
     "device": "cpu",
@@ -350,27 +351,52 @@ def slurm_node() -> None:
 @pytest.mark.slurm
 @pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
 @pytest.mark.slow
-def test_matrix_runs_cell_by_cell_as_slurm_jobs(tmp_path: Path, slurm_node: None) -> None:
-    output, _, prefix = run_on_slurm(tmp_path, slurm_config(tmp_path))
+def test_a_comparisons_trials_run_side_by_side_on_one_node_of_two(
+    tmp_path: Path, slurm_node: None
+) -> None:
+    """Each trial of the comparison is one group job; with a node's CPUs per cell, SLURM runs
+    the two trials' jobs at once, one on each node of the test cluster."""
+    cpus = slurm_query("sinfo", "--Node", "--noheader", "--format=%c").split()
+    node_cpus = min(int(count) for count in cpus)
+    config = slurm_config(tmp_path, threads=node_cpus)
+    output, _, prefix = run_on_slurm(tmp_path, config)
     results = tmp_path / "results"
     found = records(results)
     assert len(found) == 4
     assert {r["status"] for r in found} == {"ok"}, [r.get("reason") for r in found]
     for table in ("runs", "summary", "speedups", "steps"):
         assert (results / "tables" / f"{table}.csv").stat().st_size > 0
-    assert (results / "report" / "index.html").is_file()
-    assert (results / "report" / "report.md").is_file()
 
     submitted = SUBMITTED.findall(output)
-    assert len(submitted) == 4 and len({job_id for job_id, _ in submitted}) == 4, output
+    assert len(submitted) == 2 and len({job_id for job_id, _ in submitted}) == 2, output
     for job_id, log in submitted:
-        # SLURM itself wrote this log (it substitutes %j): the cell ran inside that job.
+        # SLURM itself wrote this log (it substitutes %j): the cells ran inside that job.
         assert Path(log).name == f"{job_id}.log"
-        assert "rule cell:" in Path(log).read_text(encoding="utf-8")
+        assert "2 of 2 steps (100%) done" in Path(log).read_text(encoding="utf-8")
     jobs = jobs_named(prefix)
     assert {j["state"] for j in jobs} == {"COMPLETED"}, jobs
-    comments = sorted(j["comment"] for j in jobs)
-    assert len(set(comments)) == 4 and all(c.startswith("rule_cell_") for c in comments)
+    assert sorted(j["comment"] for j in jobs) == [
+        "rule_cells.mlp.train.b16.trial0_cell",
+        "rule_cells.mlp.train.b16.trial1_cell",
+    ]
+
+    by_trial: dict[int, dict[str, dict[str, Any]]] = {}
+    for record in found:
+        by_trial.setdefault(record["cell"]["trial"], {})[record["cell"]["variant"]] = record
+    for trial, sides in by_trial.items():
+        nodes = {side["provenance"]["slurm_node"] for side in sides.values()}
+        jobs_of_trial = {side["provenance"]["slurm_job_id"] for side in sides.values()}
+        assert len(nodes) == 1 and len(jobs_of_trial) == 1, (trial, nodes, jobs_of_trial)
+        # Back to back, the baseline first on even trials and last on odd ones.
+        first = min(sides, key=lambda variant: sides[variant]["started_at"])
+        assert first == ("eager" if trial % 2 == 0 else "bf16"), trial
+    used = sorted({r["provenance"]["slurm_node"] for r in found})
+    assert used == ["ci1", "ci2"], used
+    runs = pd.read_csv(results / "tables" / "runs.csv")
+    assert sorted(runs["slurm_node"]) == ["ci1", "ci1", "ci2", "ci2"]
+    for page in ("index.html", "report.md"):
+        text = html.unescape((results / "report" / page).read_text(encoding="utf-8"))
+        assert "Ran on nodes ci1, ci2; each trial's baseline and candidate on one node." in text
 
 
 @needs_slurm

@@ -24,12 +24,13 @@ from ptspeed.envs.gpu_code import environment_codes, environment_record_path
 from ptspeed.envs.realise import Realisation
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.variants.knobs import parse_knobs
-from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, wildcard_constraints
+from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, Cell, wildcard_constraints
 from ptspeed.plan.layout import NUMBER, runs_csv_of
 from ptspeed.plan.matrix import (
     cell_command_line,
     cells,
     runtime_minutes,
+    trial_groups,
     variant_compiles,
 )
 from ptspeed.cell.provenance import (
@@ -287,6 +288,26 @@ def first_trial_record(wildcards):
     if wildcards.variant not in COMPILED_VARIANTS or int(wildcards.trial) == 0:
         return []
     return rules.cell.output.record.format(**{**dict(wildcards.items()), "trial": 0})
+
+
+# On a cluster, trial k of every side of a (platform, model, mode, size) runs as one group job
+# on one node, back to back (ptspeed.plan.matrix.trial_groups); reruns run on their own.
+TRIAL_GROUPS = trial_groups(CELLS) if ON_SCHEDULER else {}
+
+
+def trial_group(wildcards):
+    """The cell's group job (None: not grouped)."""
+    found = TRIAL_GROUPS.get(Cell.from_wildcards(dict(wildcards.items())))
+    return found[0] if found else None
+
+
+def side_before(wildcards):
+    """The record of the cell that runs just before this one in its group job ([]: none).
+    ancient(): a rerun of that cell does not rerun this one."""
+    found = TRIAL_GROUPS.get(Cell.from_wildcards(dict(wildcards.items())))
+    if not found or found[1] is None:
+        return []
+    return ancient(f"{RESULTS}/{found[1].path}")
 
 
 def cell_settings(wildcards):
