@@ -197,6 +197,7 @@ def test_a_claim_on_one_gpu_is_not_judged_on_another() -> None:
 
 def test_the_report_has_a_row_per_platform_and_what_each_can_run(tmp_path: Path) -> None:
     runs, summary, table, (config, claims) = platform_tables(tmp_path)
+    runs = runs.assign(device=runs["platform"].map({"a100": "cuda", "h100": "cpu"}))
     sections = {s.id: s for s in build_sections(ReportInputs(runs, summary, table, config, claims))}
     seed = sections["seed-table"].blocks[0].table
     # As narrow as one platform's table: the platform is a column, each a row of its own.
@@ -213,6 +214,7 @@ def test_the_report_has_a_row_per_platform_and_what_each_can_run(tmp_path: Path)
     assert cells_of["torch-1.13"][h100].startswith("cannot: torch 1.13.1+cu117 has no code")
     assert cells_of["torch-2.14"][h100] == "runs"
     assert "sm_37 sm_50 sm_60 sm_70 sm_75 sm_80 sm_86" in cells_of["torch-2.0"][1]
+    assert can_run.note.endswith("Device of each platform's cells: a100 cuda; h100 cpu.")
 
 
 def test_compare_matches_cells_of_the_same_platform_only(tmp_path: Path) -> None:
