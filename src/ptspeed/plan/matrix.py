@@ -199,7 +199,7 @@ def trial_groups(planned: Iterable[Cell]) -> dict[Cell, tuple[str, Cell | None]]
     chained: dict[Cell, tuple[str, Cell | None]] = {}
     for name, members in groups.items():
         order = members if members[0].trial % 2 == 0 else members[::-1]
-        for before, cell in zip([None, *order], order):
+        for before, cell in zip([None, *order[:-1]], order, strict=True):
             chained[cell] = (name, before)
     return chained
 
