@@ -355,11 +355,10 @@ def slurm_node() -> None:
 def test_a_comparisons_trials_run_side_by_side_on_one_node_of_two(
     tmp_path: Path, slurm_node: None
 ) -> None:
-    """Each trial of the comparison is one group job; with a node's CPUs per cell, SLURM runs
-    the two trials' jobs at once, one on each node of the test cluster."""
-    cpus = slurm_query("sinfo", "--Node", "--noheader", "--format=%c").split()
-    node_cpus = min(int(count) for count in cpus)
-    config = slurm_config(tmp_path, threads=node_cpus)
+    """Each trial of the comparison is one group job; asking for a node's memory, each job has
+    a node to itself, so SLURM runs the two trials' jobs at once, one on each node."""
+    memory = slurm_query("sinfo", "--Node", "--noheader", "--format=%m").split()
+    config = slurm_config(tmp_path, mem_mb=min(int(mb) for mb in memory))
     output, _, prefix = run_on_slurm(tmp_path, config)
     results = tmp_path / "results"
     found = records(results)
