@@ -202,6 +202,7 @@ stop() {
     for node in "${NODES[@]}"; do
         stop_daemon "$STATE/run/slurmd-$node.pid" "slurmd $node"
     done
+    stop_daemon "$STATE/run/slurmd.pid" slurmd # the one node of an earlier version of this script
     stop_daemon "$STATE/run/slurmctld.pid" slurmctld
     stop_daemon /run/munge/munged.pid munged
     say "stopped"
