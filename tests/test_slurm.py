@@ -523,3 +523,43 @@ def test_the_readme_login_node_recipe_runs_cuda_cells_on_the_gpu_nodes(
         assert record["provenance"]["slurm_node"] in ("ci1", "ci2")
         # SLURM gave the job one of its node's GPUs (CUDA_VISIBLE_DEVICES, from gres.conf).
         assert record["provenance"]["cuda_visible_devices"] in ("0", "1")
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
+@pytest.mark.slow
+def test_the_readme_gpu_node_recipe_runs_gpu_cells_side_by_side(
+    tmp_path: Path, slurm_node: None
+) -> None:
+    """The recipe at the test nodes' size: 2 GPUs and their CPUs, --resources gpu=2."""
+    cpus = slurm_query("sinfo", "--Node", "--noheader", "--format=%c").split()
+    node_cpus = min(int(count) for count in cpus)
+    sized = {"--gpus=8": "--gpus=2", "--cpus-per-task=32": f"--cpus-per-task={node_cpus}"}
+    command = [sized.get(arg, arg) for arg in readme_command("srun --gpus=8")]
+    command[-1] = command[-1].replace("gpu=8", "gpu=2")
+    assert command[-2:] == ["--resources", "gpu=2"], command
+    config = slurm_config(tmp_path, device="auto", trials=1, threads=0, models=GPU_SIZES)
+    done = subprocess.run(
+        [*command, "--configfile", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=SLURM_RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-6000:]
+    found = records(tmp_path / "results")
+    assert len(found) == 2, done.stdout[-6000:]
+    # auto, decided on the GPU node the job runs on: CUDA cells at GPU sizes.
+    assert {(r["cell"]["device"], r["cell"]["batch_size"]) for r in found} == {("cuda", 16)}
+    # At once: a cell holds its GPU until it ends and claims the first free one, so two cells
+    # one after the other would both have had GPU 0. (Their records' times, to the second, are
+    # too coarse for cells that stop at once for want of CUDA.)
+    claimed = {r["provenance"]["gpu_assignment"].split("]")[0] for r in found}
+    assert claimed == {"claimed [0", "claimed [1"}, [r["provenance"] for r in found]
+    # Each with its GPU's share of the cores (Snakemake prints a job's threads above 1 only).
+    share = max(node_cpus // 2, 1)
+    threads = [line.strip() for line in done.stdout.splitlines() if "threads:" in line]
+    assert threads == ([f"threads: {share}"] * 2 if share > 1 else []), done.stdout[-6000:]
