@@ -5,7 +5,7 @@
 #   packages.sh [GROUP...]   install the missing packages of GROUP (default: all of them)
 #   packages.sh --list       print every package, one a line (e.g. to purge them)
 # Groups: browser (the report's browser test), podman (podman.sh: builds, the Apptainer
-# emulator, nix-instantiate, a registry), slurm (slurm.sh: a one-node cluster).
+# emulator, nix-instantiate, a registry), slurm (slurm.sh: a two-node cluster).
 # podman.sh and slurm.sh call it for their own group, so each still runs alone.
 set -euo pipefail
 

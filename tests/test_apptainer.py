@@ -254,10 +254,12 @@ def test_a_build_needs_room_where_apptainer_unpacks_and_caches(tmp_path: Path) -
 def test_a_cuda_base_newer_than_the_driver_is_refused() -> None:
     base = "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04@" + DIGEST
     check_driver("torch-2.14", base, "570.124.06")
+    # Minor-version compatibility: any CUDA 12.x runs on a 12.0 driver.
+    check_driver("torch-2.14", base, "535.104.05")
     with pytest.raises(ConfigError) as error:
-        check_driver("torch-2.14", base, "535.104.05")
+        check_driver("torch-2.14", base, "520.61.05")
     message = str(error.value)
-    assert "CUDA 12.8" in message and "535.104.05" in message and ">= 570.124.06" in message
+    assert "CUDA 12.8" in message and "520.61.05" in message and ">= 525.60.13" in message
     assert message.startswith("environments.torch-2.14: ")
     # torch 2.14's wheels bring CUDA 13 on that CUDA 12.8 base: the wheels decide.
     lock = (ROOT / "envs/torch-2.14.txt").read_text()
@@ -265,6 +267,14 @@ def test_a_cuda_base_newer_than_the_driver_is_refused() -> None:
         check_driver("torch-2.14", base, "570.124.06", lock)
     check_driver("torch-2.14", base, "580.65.06", lock)
     check_driver("torch-2.0", base, "570.124.06", (ROOT / "envs/torch-2.0.txt").read_text())
+
+
+def test_cuda_11_images_run_on_drivers_older_than_their_toolkits() -> None:
+    """CUDA 11.7 shipped with driver 515, but 11.x runs on >= 450.80.02: a 470 driver is fine."""
+    base = "nvidia/cuda:11.7.1-cudnn8-runtime-ubuntu22.04@" + DIGEST
+    check_driver("torch-1.13", base, "470.256.02")
+    with pytest.raises(ConfigError, match=r">= 450\.80\.02 \(CUDA 11\.x with minor-version"):
+        check_driver("torch-1.13", base, "450.51.06")
 
 
 @pytest.mark.workflow
@@ -676,21 +686,28 @@ def test_cuda_cells_get_nv_and_a_shared_image_dir_spares_the_build(tmp_path: Pat
 
 
 @pytest.mark.workflow
-def test_a_node_driver_older_than_the_cuda_base_stops_the_run(tmp_path: Path) -> None:
-    """nvidia-smi says 470.82.01; the default base's CUDA 11.8 needs 520.61.05: refused with
-    one line naming both, before any job."""
+def test_a_node_driver_leaves_out_only_the_cells_it_cannot_run(tmp_path: Path) -> None:
+    """nvidia-smi says 535.104.05: torch-2.14's CUDA 13 wheels need 580.65.06, so its cells are
+    not planned, saying why, before any job; torch-1.13's and 2.0's (CUDA 11.8) run."""
     smi = tmp_path / "bin/nvidia-smi"
     smi.parent.mkdir()
-    smi.write_text('#!/bin/sh\ncase "$*" in *driver_version*) echo 470.82.01 ;;\n'
+    smi.write_text('#!/bin/sh\ncase "$*" in *driver_version*) echo 535.104.05 ;;\n'
                    '*) echo "GPU 0: NVIDIA A100 (UUID: GPU-0)" ;; esac\n')  # fmt: skip
     smi.chmod(0o755)
     done = snakemake(
         "-n", "--use-singularity", "--resources", "gpu=1",
         env=with_emulator(f"{smi.parent}{os.pathsep}{os.environ['PATH']}"),
     )  # fmt: skip
-    assert done.returncode == 1, done.stdout[-3000:]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("config:")]
-    assert "CUDA 11.8" in line and ">= 520.61.05" in line and "driver is 470.82.01" in line
+    assert done.returncode == 0, done.stdout[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("ptspeed: not planned")]
+    assert line.startswith("ptspeed: not planned: environments.torch-2.14: ")
+    assert "CUDA 13.0" in line and ">= 580.65.06" in line and "driver is 535.104.05" in line
+    planned = {
+        env
+        for env in ("torch-1.13", "torch-2.0", "torch-2.14")
+        if f"/records/{env}/" in done.stdout
+    }
+    assert planned == {"torch-1.13", "torch-2.0"}, done.stdout[-3000:]
 
 
 # --- what real Apptainer does that the emulator once did not -------------------------------

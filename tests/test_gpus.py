@@ -15,9 +15,12 @@ import pytest
 
 from ptspeed.errors import ConfigError, GpuRequestError
 from ptspeed.launch.gpus import (
+    LOCK_DIR_VARIABLE,
+    VISIBLE_DEVICES_VARIABLE,
     GpuPool,
     check_variant_gpus,
     claim_gpus,
+    cpu_share,
     gpu_environment,
     lock_dir,
     node_pool,
@@ -231,3 +234,26 @@ def test_a_cell_needing_more_gpus_than_the_node_has_gets_a_failed_record(tmp_pat
     record = run_cuda_cell(tmp_path, "ddp4", "ddp+procs=4")
     assert record["status"] == "failed"
     assert record["reason"].startswith("GPU assignment: this cell needs 4 GPU(s); the node has 2")
+
+
+def test_cells_side_by_side_get_disjoint_shares_of_the_cpus() -> None:
+    pool = GpuPool(("0", "1", "2", "3"), "test")
+    cpus = list(range(8))
+    assert cpu_share(cpus, pool, ("0",)) == [0, 1]
+    assert cpu_share(cpus, pool, ("3",)) == [6, 7]
+    assert cpu_share(cpus, pool, ("2", "1")) == [2, 3, 4, 5]
+    # Fewer CPUs than GPUs: no share to cut, the cell keeps them all.
+    assert cpu_share([0, 1], pool, ("3",)) == [0, 1]
+
+
+def test_a_claimed_gpu_pins_the_cell_to_its_share(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv(VISIBLE_DEVICES_VARIABLE, ",".join(str(i) for i in range(len(cpus))))
+    monkeypatch.setenv(LOCK_DIR_VARIABLE, str(tmp_path))
+    try:
+        with gpu_environment("cuda", 1, wait_s=1):
+            assert len(os.sched_getaffinity(0)) == 1
+    finally:
+        os.sched_setaffinity(0, cpus)

@@ -20,6 +20,7 @@ from ptspeed.plan.matrix import (
     env_variant_pairs,
     model_sizes,
     runtime_minutes,
+    trial_groups,
 )
 
 BASE: dict[str, Any] = {
@@ -95,6 +96,30 @@ def test_every_trial_lists_every_model_before_the_next_trial(config: dict[str, A
     assert trials == sorted(trials)
     first_trial = [cell for cell in cells(config, "cpu") if cell.trial == 0]
     assert [cell.model for cell in first_trial[::3]] == ["mlp", "lstm-lm", "resnet50"]
+
+
+def test_a_trial_of_every_side_is_one_group_job_in_alternating_order(
+    config: dict[str, Any],
+) -> None:
+    config["models"] = {"mlp": config["models"]["mlp"]}
+    planned = list(cells(config, "cpu"))
+    groups = trial_groups(planned)
+    assert set(groups) == set(planned)
+    names = {trial: {groups[c][0] for c in planned if c.trial == trial} for trial in (0, 1)}
+    assert names == {0: {"cells.mlp.train.b32.trial0"}, 1: {"cells.mlp.train.b32.trial1"}}
+
+    def order(trial: int) -> list[tuple[str, str]]:
+        """The sides of ``trial`` from the first (no cell before it) along the chain."""
+        members = {c: before for c, (_, before) in groups.items() if c.trial == trial}
+        after = {before: c for c, before in members.items()}
+        chain, cell = [], after[None]
+        while cell is not None:
+            chain.append((cell.env, cell.variant))
+            cell = after.get(cell)
+        return chain
+
+    assert order(0) == [("old", "eager"), ("new", "eager"), ("new", "compile")]
+    assert order(1) == [("new", "compile"), ("new", "eager"), ("old", "eager")]
 
 
 def test_cells_use_the_size_table_of_the_device_class(config: dict[str, Any]) -> None:

@@ -99,28 +99,25 @@ def test_cells_are_planned_per_platform_minus_what_cannot_run() -> None:
     assert all(cell.path.startswith(f"records/{cell.platform}/") for cell in planned)
 
 
-def test_each_platforms_cells_go_to_its_partition_and_gpu_type() -> None:
-    resources = cell_job_resources(plan(), {"slurm_account": "proj"}, cuda=True)
+def test_each_platforms_cells_go_to_its_partition() -> None:
+    resources = cell_job_resources(plan(), {"slurm_account": "proj"})
     assert resources["slurm_account"] == "proj"
-    for name, partition, gpu_type in (("a100", "gpu-a100", "a100"), ("b200", "gpu-b200", "")):
-        wildcards = _Wildcards(f"{name}/")
-        assert resources["slurm_partition"](wildcards) == partition
-        assert resources["gpu_model"](wildcards) == gpu_type
-    on_cpu = cell_job_resources(plan(), {}, cuda=False)
-    assert "gpu_model" not in on_cpu
+    for name, partition in (("a100", "gpu-a100"), ("b200", "gpu-b200")):
+        assert resources["slurm_partition"](_Wildcards(f"{name}/")) == partition
+    assert "gpu_model" not in resources  # the GPU request: ptspeed.plan.cluster.gpu_request
 
 
 def test_one_platform_keeps_constant_resources() -> None:
     one = platform_plan({**MATRIX, "platforms": {"a100": PLATFORMS["a100"]}}, CODES)
-    assert cell_job_resources(one, {"qos": "long"}, cuda=True) == {
-        "qos": "long", "slurm_partition": "gpu-a100", "gpu_model": "a100",
+    assert cell_job_resources(one, {"qos": "long"}) == {
+        "qos": "long", "slurm_partition": "gpu-a100",
     }  # fmt: skip
 
 
 def test_a_constraint_on_some_platforms_only_is_refused() -> None:
     platforms = {"a100": {"constraint": "a100"}, "h100": {}}
     with pytest.raises(ConfigError, match=r"^platforms\.h100: sets no constraint"):
-        cell_job_resources(plan(platforms), {}, cuda=False)
+        cell_job_resources(plan(platforms), {})
 
 
 class _Wildcards:
@@ -200,6 +197,7 @@ def test_a_claim_on_one_gpu_is_not_judged_on_another() -> None:
 
 def test_the_report_has_a_row_per_platform_and_what_each_can_run(tmp_path: Path) -> None:
     runs, summary, table, (config, claims) = platform_tables(tmp_path)
+    runs = runs.assign(device=runs["platform"].map({"a100": "cuda", "h100": "cpu"}))
     sections = {s.id: s for s in build_sections(ReportInputs(runs, summary, table, config, claims))}
     seed = sections["seed-table"].blocks[0].table
     # As narrow as one platform's table: the platform is a column, each a row of its own.
@@ -216,6 +214,7 @@ def test_the_report_has_a_row_per_platform_and_what_each_can_run(tmp_path: Path)
     assert cells_of["torch-1.13"][h100].startswith("cannot: torch 1.13.1+cu117 has no code")
     assert cells_of["torch-2.14"][h100] == "runs"
     assert "sm_37 sm_50 sm_60 sm_70 sm_75 sm_80 sm_86" in cells_of["torch-2.0"][1]
+    assert can_run.note.endswith("Device of each platform's cells: a100 cuda; h100 cpu.")
 
 
 def test_compare_matches_cells_of_the_same_platform_only(tmp_path: Path) -> None:

@@ -141,10 +141,11 @@ def test_a_cuda_base_newer_than_the_driver_is_refused_only_where_cells_use_it(
     tmp_path: Path,
 ) -> None:
     found = realisation(tmp_path, runtime="apptainer", in_apptainer=True)
-    found.check_driver({"host", "venv"}, "535.104.05")  # the default base: CUDA 11.8
-    found.check_driver({"boxed"}, "570.124.06")
+    found.check_driver({"host", "venv"}, "470.256.02")  # the default base: CUDA 11.8
+    found.check_driver({"boxed"}, "535.104.05")
     with pytest.raises(ConfigError, match=r"^environments\.boxed: .*CUDA 12\.8"):
-        found.check_driver({"boxed", "host"}, "535.104.05")
+        found.check_driver({"boxed", "host"}, "470.256.02")
+    assert list(found.driver_refusals({"boxed", "host"}, "470.256.02")) == ["boxed"]
 
 
 # --- the images -------------------------------------------------------------------------------

@@ -152,7 +152,7 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
             "float32_matmul_precision": "", "allocator_settings": {},
             "cleared_host_variables": {}, "kept_host_variables": {}, "gpu_state": "",
             "git_commit": "", "git_dirty": None, "hostname": "", "slurm_job_id": "",
-            "slurm_partition": "", "container_image": "",
+            "slurm_partition": "", "slurm_node": "", "container_image": "",
             "container_digest": "", "platform": "", "os_release": "",
         },
         "conditions": {

@@ -1,15 +1,18 @@
 """Cells as SLURM jobs: the config's cluster block, the slurm profile, and a real SLURM.
 
-The tests marked ``slurm`` need a running cluster (``.ci/slurm.sh start``: one node, two fake
-GPUs, no accounting database) and run only when PTSPEED_SLURM=1, as CI sets it. Every wait is
+The tests marked ``slurm`` need a running cluster (``.ci/slurm.sh start``: two nodes with two
+fake GPUs each that only jobs see, no accounting database) and run only when PTSPEED_SLURM=1, as
+CI sets it. This shell is the login node: it has no GPU. Every wait is
 bounded: Snakemake runs under a timeout, and jobs a failed run leaves behind are cancelled.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -19,18 +22,25 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import TINY_STEPS, write_config
+from helpers import ROOT, TINY_STEPS, write_config
 from helpers import snakemake as run_snakemake
 
 from ptspeed.errors import ConfigError
-from ptspeed.plan.cluster import check_cluster, check_gpu_limit, cpus_per_cell, slurm_resources
+from ptspeed.plan.cluster import (
+    check_cluster,
+    check_gpu_limit,
+    cpus_per_cell,
+    gpu_request,
+    slurm_resources,
+)
+from ptspeed.plan.device import device_class_for_jobs
 
 pytestmark = pytest.mark.workflow
 
 PLAN_TIMEOUT_S = 120
 SLURM_RUN_TIMEOUT_S = 600
 SLURM_QUERY_TIMEOUT_S = 20
-SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
+SUBMITTED = re.compile(r"Job \S+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
 
 MATRIX: dict[str, Any] = {
     "device": "cpu",
@@ -97,9 +107,53 @@ def test_a_gpu_limit_of_zero_is_refused_only_for_cuda_cluster_jobs() -> None:
 
 def test_cluster_jobs_take_their_cpus_from_the_cluster_block() -> None:
     cluster = {"cpus_per_task": 6}
-    assert cpus_per_cell(2, cluster, jobs_go_to_scheduler=True) == 2
-    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=True) == 6
-    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=False) == 0
+    assert cpus_per_cell(2, cluster, jobs_go_to_scheduler=True, cores=32) == 2
+    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=True, cores=32) == 6
+    assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=False, cores=32) == 32
+
+
+def test_gpu_cells_on_one_node_take_their_gpus_share_of_the_cores() -> None:
+    """profiles/gpu-node with --resources gpu=8 on a 32-core node: 8 one-GPU cells at once."""
+    cluster = {"cpus_per_task": 6}
+    assert cpus_per_cell(0, cluster, False, cores=32, gpus=1, gpu_limit=8) == 4
+    assert cpus_per_cell(0, cluster, False, cores=32, gpus=2, gpu_limit=8) == 8
+    assert cpus_per_cell(0, cluster, False, cores=4, gpus=1, gpu_limit=8) == 1
+    assert cpus_per_cell(3, cluster, False, cores=32, gpus=1, gpu_limit=8) == 3
+
+
+def test_device_auto_is_decided_for_the_nodes_that_run_cluster_jobs() -> None:
+    assert device_class_for_jobs("auto", declares_platforms=True) == "cuda"
+    assert device_class_for_jobs("cpu", declares_platforms=True) == "cpu"
+    assert device_class_for_jobs("cuda", declares_platforms=False) == "cuda"
+    with pytest.raises(ConfigError, match=r"^device: auto cannot be decided .* set device: cuda"):
+        device_class_for_jobs("auto", declares_platforms=False)
+
+
+def test_a_required_partition_may_come_from_every_platform() -> None:
+    cluster = {"account": "", "partition": "", "partition_required": True}
+    check_cluster(cluster, True, {"a100": {"partition": "gpu-a"}, "h100": {"partition": "gpu-h"}})
+    with pytest.raises(ConfigError, match=r"^cluster\.partition: .*\(platform h100 sets none\)"):
+        check_cluster(cluster, True, {"a100": {"partition": "gpu-a"}, "h100": {}})
+
+
+def test_gpu_requests_as_sites_take_them() -> None:
+    assert gpu_request(2, "a100", "gpus") == {
+        "gpu": 2, "gpu_model": "a100", "gres": "", "slurm_extra": ""
+    }  # fmt: skip
+    assert gpu_request(1, "", "gres")["gres"] == "gpu:1"
+    assert gpu_request(2, "a100", "gres") == {
+        "gpu": 0, "gpu_model": "", "gres": "gpu:a100:2", "slurm_extra": ""
+    }  # fmt: skip
+    # The plugin rejects a '-' in gpu_model: a dashed type travels as --gpus-per-node.
+    dashed = gpu_request(1, "a100-sxm4-80gb", "gpus")
+    assert dashed == {
+        "gpu": 0,
+        "gpu_model": "",
+        "gres": "",
+        "slurm_extra": "--gpus-per-node=a100-sxm4-80gb:1",
+    }
+    with pytest.raises(ConfigError, match=r"^platforms: gres_type 'a100-sxm4-80gb' cannot travel"):
+        gpu_request(1, "a100-sxm4-80gb", "gres")
 
 
 def test_slurm_run_without_a_required_account_stops_with_one_line(tmp_path: Path) -> None:
@@ -123,6 +177,66 @@ def test_cuda_run_with_the_default_profile_added_is_refused(tmp_path: Path) -> N
     assert done.returncode != 0, done.stdout
     assert "resources: gpu=0 would submit CUDA cell jobs without a GPU" in done.stdout
     assert "Building DAG" not in done.stdout
+
+
+def test_device_auto_on_a_login_node_without_platforms_stops_with_one_line(tmp_path: Path) -> None:
+    """Today's login node has no GPU: auto must not plan the GPU nodes' cells as CPU cells."""
+    config = slurm_config(tmp_path, device="auto")
+    done = snakemake("--dry-run", "--configfile", str(config))
+    assert done.returncode != 0, done.stdout
+    messages = [line for line in done.stdout.splitlines() if line.startswith("config: ")]
+    assert messages == [
+        "config: device: auto cannot be decided for cluster jobs on the node that submits them "
+        "(it would plan the GPU nodes' cells from this node's devices); set device: cuda or "
+        "device: cpu (e.g. --config device=cuda), or list the cluster's GPU types as platforms"
+    ], done.stdout
+    assert "Building DAG" not in done.stdout
+
+
+def cell_job_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "resources:" in line and "nodes=" in line]
+
+
+def test_device_auto_with_platforms_plans_cuda_cells_at_gpu_sizes(tmp_path: Path) -> None:
+    platforms = {**PLATFORMS, "h100": {**PLATFORMS["h100"], "gres_type": "h100-80gb"}}
+    models = {"mlp": {"cpu": {"batch_size": 8}, "cuda": {"batch_size": 16}}}
+    config = slurm_config(tmp_path, device="auto", trials=1, models=models, platforms=platforms)
+    done = snakemake("--dry-run", "--configfile", str(config))
+    assert done.returncode == 0, done.stdout
+    planned = [line for line in done.stdout.splitlines() if "/records/" in line]
+    assert planned and all("/b16/" in line for line in planned), planned
+    jobs = cell_job_lines(done.stdout)
+    assert len(jobs) == 4, done.stdout
+    for line in jobs:
+        assert "nodes=1" in line
+        assert ("gpu=1, gpu_model=a100" in line) or (
+            "gpu=0, gpu_model=, gres=, slurm_extra=--gpus-per-node=h100-80gb:1" in line
+        ), line
+
+
+def test_a_gres_site_gets_its_gpus_by_gres(tmp_path: Path) -> None:
+    config = slurm_config(
+        tmp_path, device="cuda", trials=1, platforms=PLATFORMS, cluster={"gpu_request": "gres"}
+    )
+    done = snakemake("--dry-run", "--configfile", str(config))
+    assert done.returncode == 0, done.stdout
+    jobs = cell_job_lines(done.stdout)
+    assert len(jobs) == 4, done.stdout
+    assert sorted(line.split("gres=")[1].split(",")[0] for line in jobs) == [
+        "gpu:a100:1", "gpu:a100:1", "gpu:h100:1", "gpu:h100:1"
+    ]  # fmt: skip
+    assert all("gpu=0" in line for line in jobs)
+
+
+def test_gpu_cells_of_the_gpu_node_recipe_share_its_cores(tmp_path: Path) -> None:
+    config = slurm_config(tmp_path, device="cuda", trials=1, threads=0)
+    done = snakemake(
+        "--dry-run", "--configfile", str(config), "--cores", "8", "--resources", "gpu=2",
+        profile=("--workflow-profile", "profiles/gpu-node"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    threads = [line.strip() for line in done.stdout.splitlines() if "threads:" in line]
+    assert threads == ["threads: 4"] * 2, done.stdout
 
 
 def test_cell_jobs_carry_the_cluster_block_as_resources(tmp_path: Path) -> None:
@@ -168,32 +282,58 @@ def cancel_jobs(prefix: str) -> None:
         subprocess.run(["scancel", *left], timeout=SLURM_QUERY_TIMEOUT_S, check=False)
 
 
-def run_on_slurm(directory: Path, config: Path, *extra: str) -> tuple[str, float, str]:
-    """Run the workflow through the slurm executor; return (output, wall seconds, job-name
-    prefix). Whatever happens, no job of this run is left queued."""
+def run_on_slurm(
+    directory: Path, config: Path, *extra: str, command: list[str] | None = None
+) -> tuple[str, float, str]:
+    """Run the workflow through the slurm executor (by ``command``, a README's, or the slurm
+    profile's); return (output, wall seconds, job-name prefix). Whatever happens, no job of
+    this run is left queued."""
     prefix = f"ptspeedtest_{uuid.uuid4().hex[:8]}"
+    arguments = [
+        "--configfile",
+        str(config),
+        "--slurm-status-command",
+        "squeue",
+        "--slurm-init-seconds-before-status-checks",
+        "2",
+        "--slurm-logdir",
+        str(directory / "slurm-logs"),
+        "--slurm-jobname-prefix",
+        prefix,
+        *extra,
+    ]
     started = time.monotonic()
     try:
-        done = snakemake(
-            "--configfile",
-            str(config),
-            "--slurm-status-command",
-            "squeue",
-            "--slurm-init-seconds-before-status-checks",
-            "2",
-            "--slurm-logdir",
-            str(directory / "slurm-logs"),
-            "--slurm-jobname-prefix",
-            prefix,
-            *extra,
-            timeout=SLURM_RUN_TIMEOUT_S,
-        )
+        if command:
+            done = subprocess.run(
+                [*command, *arguments],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=SLURM_RUN_TIMEOUT_S,
+                check=False,
+            )
+        else:
+            done = snakemake(*arguments, timeout=SLURM_RUN_TIMEOUT_S)
     finally:
         cancel_jobs(prefix)
     wall_s = time.monotonic() - started
     print(f"SLURM run: {wall_s:.1f} s wall")
     assert done.returncode == 0, done.stdout[-6000:]
     return done.stdout, wall_s, prefix
+
+
+def readme_command(start: str) -> list[str]:
+    """The README's command line that starts with ``start``, as printed (a line ending in a
+    backslash continues on the next)."""
+    lines = iter((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    for line in lines:
+        if line.startswith(start):
+            while line.endswith("\\"):
+                line = line[:-1] + next(lines)
+            return shlex.split(line, comments=True)
+    raise AssertionError(f"README.md has no command starting with {start!r}")
 
 
 def records(results: Path) -> list[dict[str, Any]]:
@@ -212,50 +352,51 @@ def slurm_node() -> None:
 @pytest.mark.slurm
 @pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
 @pytest.mark.slow
-def test_matrix_runs_cell_by_cell_as_slurm_jobs(tmp_path: Path, slurm_node: None) -> None:
-    output, _, prefix = run_on_slurm(tmp_path, slurm_config(tmp_path))
+def test_a_comparisons_trials_run_side_by_side_on_one_node_of_two(
+    tmp_path: Path, slurm_node: None
+) -> None:
+    """Each trial of the comparison is one group job; asking for a node's memory, each job has
+    a node to itself, so SLURM runs the two trials' jobs at once, one on each node."""
+    memory = slurm_query("sinfo", "--Node", "--noheader", "--format=%m").split()
+    config = slurm_config(tmp_path, mem_mb=min(int(mb) for mb in memory))
+    output, _, prefix = run_on_slurm(tmp_path, config)
     results = tmp_path / "results"
     found = records(results)
     assert len(found) == 4
     assert {r["status"] for r in found} == {"ok"}, [r.get("reason") for r in found]
     for table in ("runs", "summary", "speedups", "steps"):
         assert (results / "tables" / f"{table}.csv").stat().st_size > 0
-    assert (results / "report" / "index.html").is_file()
-    assert (results / "report" / "report.md").is_file()
 
     submitted = SUBMITTED.findall(output)
-    assert len(submitted) == 4 and len({job_id for job_id, _ in submitted}) == 4, output
+    assert len(submitted) == 2 and len({job_id for job_id, _ in submitted}) == 2, output
     for job_id, log in submitted:
-        # SLURM itself wrote this log (it substitutes %j): the cell ran inside that job.
+        # SLURM itself wrote this log (it substitutes %j): the cells ran inside that job.
         assert Path(log).name == f"{job_id}.log"
-        assert "rule cell:" in Path(log).read_text(encoding="utf-8")
+        assert "2 of 2 steps (100%) done" in Path(log).read_text(encoding="utf-8")
     jobs = jobs_named(prefix)
     assert {j["state"] for j in jobs} == {"COMPLETED"}, jobs
-    comments = sorted(j["comment"] for j in jobs)
-    assert len(set(comments)) == 4 and all(c.startswith("rule_cell_") for c in comments)
+    assert sorted(j["comment"] for j in jobs) == [
+        "rule_cells.mlp.train.b16.trial0_cell",
+        "rule_cells.mlp.train.b16.trial1_cell",
+    ]
 
-
-@needs_slurm
-@pytest.mark.slurm
-@pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
-@pytest.mark.slow
-def test_cuda_cells_request_a_gpu_from_slurm(tmp_path: Path, slurm_node: None) -> None:
-    config = slurm_config(tmp_path, device="cuda", trials=1)
-    # One cell is enough to see the request: its record is the only target.
-    target = tmp_path / "results" / "records" / "host" / "mlp" / "eager" / "train" / "b16"
-    output, _, prefix = run_on_slurm(tmp_path, config, "--verbose", str(target / "trial0.json"))
-    sbatch_calls = [line for line in output.splitlines() if line.startswith("sbatch call:")]
-    assert len(sbatch_calls) == 1
-    assert " --gpus=1 " in sbatch_calls[0], sbatch_calls
-    (job,) = jobs_named(prefix)
-    shown = slurm_query("scontrol", "--oneliner", "show", "job", job["id"])
-    assert "TresPerJob=gres:gpu:1" in shown and "JobState=COMPLETED" in shown, shown
-    (record,) = records(tmp_path / "results")
-    # The fake GPUs have no device behind them: torch sees none, which the record says.
-    assert record["status"] == "unsupported"
-    assert "CUDA" in record["reason"]
-    # SLURM gave the job one of the node's GPUs (CUDA_VISIBLE_DEVICES, from gres.conf).
-    assert record["provenance"]["cuda_visible_devices"] in ("0", "1")
+    by_trial: dict[int, dict[str, dict[str, Any]]] = {}
+    for record in found:
+        by_trial.setdefault(record["cell"]["trial"], {})[record["cell"]["variant"]] = record
+    for trial, sides in by_trial.items():
+        nodes = {side["provenance"]["slurm_node"] for side in sides.values()}
+        jobs_of_trial = {side["provenance"]["slurm_job_id"] for side in sides.values()}
+        assert len(nodes) == 1 and len(jobs_of_trial) == 1, (trial, nodes, jobs_of_trial)
+        # Back to back, the baseline first on even trials and last on odd ones.
+        first = min(sides, key=lambda variant: sides[variant]["started_at"])
+        assert first == ("eager" if trial % 2 == 0 else "bf16"), trial
+    used = sorted({r["provenance"]["slurm_node"] for r in found})
+    assert used == ["ci1", "ci2"], used
+    runs = pd.read_csv(results / "tables" / "runs.csv")
+    assert sorted(runs["slurm_node"]) == ["ci1", "ci1", "ci2", "ci2"]
+    for page in ("index.html", "report.md"):
+        text = html.unescape((results / "report" / page).read_text(encoding="utf-8"))
+        assert "Ran on nodes ci1, ci2; each trial's baseline and candidate on one node." in text
 
 
 # --- platforms: the cluster's GPU types --------------------------------------------------------
@@ -321,7 +462,8 @@ def test_each_platforms_cells_run_in_its_partition(tmp_path: Path, slurm_node: N
         platform = record["cell"]["platform"]
         # The job's own SLURM_JOB_PARTITION, as the cell recorded it.
         assert record["provenance"]["slurm_partition"] == platform
-    assert sorted(jobs_partitions(prefix).values()) == ["a100", "a100", "h100", "h100"]
+    # One group job per platform: its trial's two sides on one node of its partition.
+    assert sorted(jobs_partitions(prefix).values()) == ["a100", "h100"]
     speedups = pd.read_csv(results / "tables" / "speedups.csv")
     assert sorted(speedups["platform"]) == ["a100", "h100"]
     page = (results / "report" / "index.html").read_text(encoding="utf-8")
@@ -347,3 +489,77 @@ def test_a_cuda_cell_asks_for_its_platforms_gpu_type(tmp_path: Path, slurm_node:
     assert record["cell"]["platform"] == "h100"
     # The h100 fake GPU is the node's second (gres.conf order): SLURM gave the job that one.
     assert record["provenance"]["cuda_visible_devices"] in ("0", "1")
+
+
+# --- the README's recipes, from a side without a GPU ------------------------------------------
+
+GPU_SIZES = {"mlp": {"cpu": {"batch_size": 8}, "cuda": {"batch_size": 16}}}
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
+@pytest.mark.slow
+def test_the_readme_login_node_recipe_runs_cuda_cells_on_the_gpu_nodes(
+    tmp_path: Path, slurm_node: None
+) -> None:
+    """The login node (this shell) has no GPU; the cells' nodes have (fake) ones."""
+    assert shutil.which("nvidia-smi") is None, "the submitting side must have no GPU"
+    command = readme_command(".venv/bin/snakemake --workflow-profile profiles/slurm")
+    config = slurm_config(tmp_path, device="auto", trials=1, models=GPU_SIZES)
+    output, _, prefix = run_on_slurm(tmp_path, config, "--verbose", command=command)
+    # One trial: its two sides are one group job, which asks for the GPU of one cell at a time.
+    (sbatch,) = [line for line in output.splitlines() if line.startswith("sbatch call:")]
+    assert " --gpus=1 " in sbatch and " --nodes=1 " in sbatch, sbatch
+    (job,) = jobs_named(prefix)
+    shown = slurm_query("scontrol", "--oneliner", "show", "job", job["id"])
+    assert "TresPerJob=gres:gpu:1" in shown and "JobState=COMPLETED" in shown, shown
+    found = records(tmp_path / "results")
+    assert len(found) == 2
+    for record in found:
+        assert record["cell"]["device"] == "cuda" and record["cell"]["batch_size"] == 16
+        # CPU torch on the test nodes: the cell says CUDA is missing, not a speed.
+        assert record["status"] == "unsupported" and "CUDA" in record["reason"], record
+        assert record["provenance"]["slurm_node"] in ("ci1", "ci2")
+        # SLURM gave the job one of its node's GPUs (CUDA_VISIBLE_DEVICES, from gres.conf).
+        assert record["provenance"]["cuda_visible_devices"] in ("0", "1")
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.timeout(SLURM_RUN_TIMEOUT_S + 300)
+@pytest.mark.slow
+def test_the_readme_gpu_node_recipe_runs_gpu_cells_side_by_side(
+    tmp_path: Path, slurm_node: None
+) -> None:
+    """The recipe at the test nodes' size: 2 GPUs and their CPUs, --resources gpu=2."""
+    cpus = slurm_query("sinfo", "--Node", "--noheader", "--format=%c").split()
+    node_cpus = min(int(count) for count in cpus)
+    sized = {"--gpus=8": "--gpus=2", "--cpus-per-task=32": f"--cpus-per-task={node_cpus}"}
+    command = [sized.get(arg, arg) for arg in readme_command("srun --gpus=8")]
+    command[-1] = command[-1].replace("gpu=8", "gpu=2")
+    assert command[-2:] == ["--resources", "gpu=2"], command
+    config = slurm_config(tmp_path, device="auto", trials=1, threads=0, models=GPU_SIZES)
+    done = subprocess.run(
+        [*command, "--configfile", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=SLURM_RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-6000:]
+    found = records(tmp_path / "results")
+    assert len(found) == 2, done.stdout[-6000:]
+    # auto, decided on the GPU node the job runs on: CUDA cells at GPU sizes.
+    assert {(r["cell"]["device"], r["cell"]["batch_size"]) for r in found} == {("cuda", 16)}
+    # At once: a cell holds its GPU until it ends and claims the first free one, so two cells
+    # one after the other would both have had GPU 0. (Their records' times, to the second, are
+    # too coarse for cells that stop at once for want of CUDA.)
+    claimed = {r["provenance"]["gpu_assignment"].split("]")[0] for r in found}
+    assert claimed == {"claimed [0", "claimed [1"}, [r["provenance"] for r in found]
+    # Each with its GPU's share of the cores (Snakemake prints a job's threads above 1 only).
+    share = max(node_cpus // 2, 1)
+    threads = [line.strip() for line in done.stdout.splitlines() if "threads:" in line]
+    assert threads == ([f"threads: {share}"] * 2 if share > 1 else []), done.stdout[-6000:]

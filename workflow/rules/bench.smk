@@ -2,7 +2,9 @@
 # writes exactly one record whatever happens (ok, unsupported, failed, oom, timeout,
 # numerics_mismatch) and exits 0, so a bad cell never stops the run. Earlier trials have a
 # higher priority: every cell's trial 0 runs before any trial 1, so baseline and candidate
-# trials alternate in time and a drifting machine does not favour one side.
+# trials alternate in time and a drifting machine does not favour one side. On a cluster each
+# trial of a (platform, model, mode, size) is one group job: its sides back to back on one node,
+# in alternating order (side_before), so that node-to-node differences stay out of a speedup.
 
 
 rule cell:
@@ -10,6 +12,7 @@ rule cell:
         env=env_ready_file,
         other_builds=other_builds,
         first_trial=first_trial_record,
+        side_before=side_before,
     output:
         record=f"{RESULTS}/{RECORD_PATTERN}",
     log:
@@ -17,13 +20,13 @@ rule cell:
     benchmark:
         f"{RESULTS}/benchmarks/cells/{CELL_PATTERN}.tsv"
     priority: trial_priority
+    group:
+        trial_group
     container:
         env_container
-    threads: cell_threads()
+    threads: cell_threads
     resources:
         **CELL_JOB_RESOURCES,
-        # A constant where it can be: Snakemake calls a function once per job.
-        gpu=cell_gpus if DEVICE_CLASS == "cuda" else 0,
         runtime=runtime_minutes(config),
         mem_mb=config["mem_mb"],
         cpus_per_task=cell_cpus,

@@ -2,6 +2,7 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -12,47 +13,32 @@ from ptspeed.plan.cluster import (
     check_cluster,
     check_gpu_limit,
     cpus_per_cell,
+    gpu_request,
     slurm_resources,
 )
 from ptspeed.plan.config import effective_config_json, prepare_config
-from ptspeed.plan.device import detect_device_class
-from ptspeed.plan.platforms import cell_job_resources, platform_plan
+from ptspeed.plan.device import detect_device_class, device_class_for_jobs
+from ptspeed.plan.platforms import cell_job_resources, platform_of, platform_plan
 from ptspeed.envs.containers import check_container_config
 from ptspeed.envs.gpu_code import environment_codes, environment_record_path
 from ptspeed.envs.realise import Realisation
 from ptspeed.launch.gpus import check_variant_gpus
 from ptspeed.cell.variants.knobs import parse_knobs
-from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, wildcard_constraints
+from ptspeed.plan.layout import CELL_PATTERN, RECORD_PATTERN, Cell, wildcard_constraints
 from ptspeed.plan.layout import NUMBER, runs_csv_of
 from ptspeed.plan.matrix import (
     cell_command_line,
     cells,
     runtime_minutes,
+    trial_groups,
     variant_compiles,
 )
-from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
+from ptspeed.cell.provenance import (
+    GIT_COMMIT_VARIABLE,
+    git_state,
+    nvidia_driver_version,
+)
 from ptspeed.errors import ConfigError
-
-# Checks the config (schema, paths, cross-references) and fills its defaults in place.
-try:
-    DEVICE_CLASS = prepare_config(
-        config, detect_device_class, Path.cwd(), workflow.configfiles
-    )
-except ConfigError as exc:
-    raise WorkflowError(f"config: {exc}") from None
-
-RESULTS = config["results"]
-ENVIRONMENTS = config["environments"]
-# The cluster's GPU types, and the environments that carry no code for one's GPU.
-try:
-    PLATFORM_PLAN = platform_plan(config, environment_codes(config, Path.cwd()))
-except ConfigError as exc:
-    raise WorkflowError(f"config: {exc}") from None
-CELLS = list(cells(config, DEVICE_CLASS, PLATFORM_PLAN.cannot_run))
-if workflow.is_main_process:
-    for reason in PLATFORM_PLAN.cannot_run.values():
-        print(f"ptspeed: not planned: {reason}", file=sys.stderr)
-HOST_PYTHON = shlex.quote(sys.executable)
 
 
 def jobs_go_to_scheduler():
@@ -65,16 +51,100 @@ def jobs_go_to_scheduler():
     )
 
 
+ON_SCHEDULER = jobs_go_to_scheduler()
+
+
+def device_class(requested):
+    """The cells' device class, decided for the nodes they run on (ptspeed.plan.device)."""
+    if ON_SCHEDULER:
+        return device_class_for_jobs(requested, bool(config.get("platforms")))
+    return detect_device_class(requested)
+
+
+# Checks the config (schema, paths, cross-references) and fills its defaults in place.
+try:
+    DEVICE_CLASS = prepare_config(
+        config, device_class, Path.cwd(), workflow.configfiles
+    )
+except ConfigError as exc:
+    raise WorkflowError(f"config: {exc}") from None
+
+RESULTS = config["results"]
+ENVIRONMENTS = config["environments"]
+
+
+def in_apptainer():
+    """Whether this run is under --use-singularity / --sdm apptainer."""
+    methods = {str(m).lower() for m in workflow.deployment_settings.deployment_method}
+    return any("apptainer" in m or "singularity" in m for m in methods)
+
+
+IN_APPTAINER = in_apptainer()
+if workflow.is_main_process:
+    try:
+        check_container_config(config, IN_APPTAINER)
+    except ConfigError as exc:
+        raise WorkflowError(f"config: {exc}") from None
+REALISATION = Realisation(
+    config, DEVICE_CLASS, IN_APPTAINER, Path(workflow.basedir), Path.cwd()
+)
+CONTAINERS = REALISATION.containers
+ENV_CACHE = REALISATION.env_cache
+# A docker or podman image pruned since it was built is built again (its manifest goes).
+for notice in REALISATION.forget_pruned_images():
+    print(f"ptspeed: {notice}", file=sys.stderr)
+# An image has no git to ask: the checkout's commit goes in as a variable of this process,
+# which Apptainer passes into the container (a param would rerun every cell after a commit).
+if IN_APPTAINER and not os.environ.get(GIT_COMMIT_VARIABLE):
+    os.environ[GIT_COMMIT_VARIABLE] = git_state()[0]
+
+
+def driver_refusals(platforms):
+    """Each (platform, environment) whose image needs a newer NVIDIA driver than this node's,
+    with the reason: known where Snakemake runs the cells itself (a GPU node). A cluster job
+    checks its own environment where it runs (common_images.smk)."""
+    if DEVICE_CLASS != "cuda" or not IN_APPTAINER or ON_SCHEDULER:
+        return {}
+    driver = nvidia_driver_version()
+    refused = (
+        REALISATION.driver_refusals(config["environments"], driver) if driver else {}
+    )
+    return {
+        (platform.name, env): reason
+        for platform in platforms
+        for env, reason in refused.items()
+    }
+
+
+# The cluster's GPU types, and the environments that carry no code for one's GPU or need a
+# newer driver than this node's.
+try:
+    PLATFORM_PLAN = platform_plan(config, environment_codes(config, Path.cwd()))
+except ConfigError as exc:
+    raise WorkflowError(f"config: {exc}") from None
+PLATFORM_PLAN = replace(
+    PLATFORM_PLAN,
+    cannot_run={
+        **PLATFORM_PLAN.cannot_run,
+        **driver_refusals(PLATFORM_PLAN.platforms),
+    },
+)
+CELLS = list(cells(config, DEVICE_CLASS, PLATFORM_PLAN.cannot_run))
+if workflow.is_main_process:
+    for reason in PLATFORM_PLAN.cannot_run.values():
+        print(f"ptspeed: not planned: {reason}", file=sys.stderr)
+HOST_PYTHON = shlex.quote(sys.executable)
+
+
 def gpu_limit():
     """The --resources gpu=N of the command line or a profile, None when not given."""
     limit = workflow.resource_settings.resources.get("gpu")
     return getattr(limit, "value", limit)
 
 
-ON_SCHEDULER = jobs_go_to_scheduler()
 if workflow.is_main_process:
     try:
-        check_cluster(config["cluster"], ON_SCHEDULER)
+        check_cluster(config["cluster"], ON_SCHEDULER, config["platforms"])
     except ConfigError as exc:
         raise WorkflowError(f"config: {exc}") from None
     try:
@@ -86,10 +156,50 @@ if workflow.is_main_process:
             check_variant_gpus(config["variants"], gpu_limit())
         except ConfigError as exc:
             raise WorkflowError(f"config: {exc}") from None
+
+
+def cell_gpus(wildcards):
+    """GPUs a CUDA cell requests (none on the CPU, a constant there): its processes (procs= of
+    ddp/fsdp, else 1). Which GPUs it gets on the node is decided by the cell itself
+    (ptspeed.launch.gpus): Snakemake only counts."""
+    return parse_knobs(config["variants"][wildcards.variant]).world_size
+
+
+GRES_TYPES = {platform.name: platform.gres_type for platform in PLATFORM_PLAN.platforms}
+GPU_REQUEST_KEYS = ("gpu", "gpu_model", "gres", "slurm_extra")
+
+
+def cell_gpu_resources():
+    """What a cell job asks for its GPUs. On one machine the count alone, which Snakemake sums
+    within --resources gpu=N; a cluster job asks SLURM as the site takes it
+    (cluster.gpu_request: ptspeed.plan.cluster.gpu_request)."""
+    if DEVICE_CLASS != "cuda":
+        return {"gpu": 0}
+    if not ON_SCHEDULER:
+        return {"gpu": cell_gpus}
+    for gres_type in GRES_TYPES.values():
+        gpu_request(1, gres_type, config["cluster"]["gpu_request"])
+    return {key: cluster_gpu_request(key) for key in GPU_REQUEST_KEYS}
+
+
+def cluster_gpu_request(key):
+    def value(wildcards):
+        gres_type = GRES_TYPES[platform_of(wildcards)]
+        how = config["cluster"]["gpu_request"]
+        return gpu_request(cell_gpus(wildcards), gres_type, how)[key]
+
+    return value
+
+
+# Each cell job on one node (sbatch --nodes=1): a distributed cell's processes talk over the
+# node's links, and a job spread over nodes would measure the network instead.
+ONE_NODE = {"nodes": 1} if ON_SCHEDULER else {}
 try:
-    CELL_JOB_RESOURCES = cell_job_resources(
-        PLATFORM_PLAN, slurm_resources(config["cluster"]), DEVICE_CLASS == "cuda"
-    )
+    CELL_JOB_RESOURCES = {
+        **cell_job_resources(PLATFORM_PLAN, slurm_resources(config["cluster"])),
+        **cell_gpu_resources(),
+        **ONE_NODE,
+    }
 except ConfigError as exc:
     raise WorkflowError(f"config: {exc}") from None
 
@@ -134,34 +244,10 @@ RECORD_PATHS = [f"{RESULTS}/{cell.path}" for cell in CELLS]
 MAX_RERUNS = config["conditions"]["reruns"]
 
 
-def in_apptainer():
-    """Whether this run is under --use-singularity / --sdm apptainer."""
-    methods = {str(m).lower() for m in workflow.deployment_settings.deployment_method}
-    return any("apptainer" in m or "singularity" in m for m in methods)
-
-
-IN_APPTAINER = in_apptainer()
-if workflow.is_main_process:
-    try:
-        check_container_config(config, IN_APPTAINER)
-    except ConfigError as exc:
-        raise WorkflowError(f"config: {exc}") from None
-REALISATION = Realisation(
-    config, DEVICE_CLASS, IN_APPTAINER, Path(workflow.basedir), Path.cwd()
-)
-CONTAINERS = REALISATION.containers
-ENV_CACHE = REALISATION.env_cache
-# A docker or podman image pruned since it was built is built again (its manifest goes).
-for notice in REALISATION.forget_pruned_images():
-    print(f"ptspeed: {notice}", file=sys.stderr)
-# An image has no git to ask: the checkout's commit goes in as a variable of this process,
-# which Apptainer passes into the container (a param would rerun every cell after a commit).
-if IN_APPTAINER and not os.environ.get(GIT_COMMIT_VARIABLE):
-    os.environ[GIT_COMMIT_VARIABLE] = git_state()[0]
-
-
 def env_container(wildcards):
-    """The cell's `container:`: the environment's Apptainer image, made by this workflow."""
+    """The cell's `container:`: the environment's Apptainer image, made by this workflow.
+    Asked once per job, where the job runs: there its driver is checked."""
+    check_job_driver(wildcards.env)
     return REALISATION.container(wildcards.env)
 
 
@@ -204,6 +290,26 @@ def first_trial_record(wildcards):
     return rules.cell.output.record.format(**{**dict(wildcards.items()), "trial": 0})
 
 
+# On a cluster, trial k of every side of a (platform, model, mode, size) runs as one group job
+# on one node, back to back (ptspeed.plan.matrix.trial_groups); reruns run on their own.
+TRIAL_GROUPS = trial_groups(CELLS) if ON_SCHEDULER else {}
+
+
+def trial_group(wildcards):
+    """The cell's group job (None: not grouped)."""
+    found = TRIAL_GROUPS.get(Cell.from_wildcards(dict(wildcards.items())))
+    return found[0] if found else None
+
+
+def side_before(wildcards):
+    """The record of the cell that runs just before this one in its group job ([]: none).
+    ancient(): a rerun of that cell does not rerun this one."""
+    found = TRIAL_GROUPS.get(Cell.from_wildcards(dict(wildcards.items())))
+    if not found or found[1] is None:
+        return []
+    return ancient(f"{RESULTS}/{found[1].path}")
+
+
 def cell_settings(wildcards):
     """What a cell measures as configured: its arguments with the thread count left out. A
     params function of the wildcards alone is tracked by Snakemake's params trigger (one that
@@ -212,11 +318,12 @@ def cell_settings(wildcards):
     return f"{cell_arguments(wildcards, 0)} threads={config['threads']}"
 
 
-def cell_threads():
-    return (
-        cpus_per_cell(config["threads"], config["cluster"], ON_SCHEDULER)
-        or workflow.cores
-        or 1
+def cell_threads(wildcards):
+    gpus = cell_gpus(wildcards) if DEVICE_CLASS == "cuda" else 0
+    # Snakemake refuses to tell a cluster run's cores: a job's CPUs are the cluster block's.
+    cores = 0 if ON_SCHEDULER else workflow.cores
+    return cpus_per_cell(
+        config["threads"], config["cluster"], ON_SCHEDULER, cores, gpus, gpu_limit()
     )
 
 
@@ -227,10 +334,3 @@ def cell_cpus(wildcards, threads):
 
 def trial_priority(wildcards):
     return config["trials"] - int(wildcards.trial)
-
-
-def cell_gpus(wildcards):
-    """GPUs a CUDA cell requests (none on the CPU, a constant there): its processes (procs= of
-    ddp/fsdp, else 1). Which GPUs it gets on the node is decided by the cell itself
-    (ptspeed.launch.gpus): Snakemake only counts."""
-    return parse_knobs(config["variants"][wildcards.variant]).world_size

@@ -4,7 +4,6 @@
 from ptspeed.envs.apptainer import cell_apptainer_args, outside, plan_sif
 from ptspeed.envs.containers import engine_for_images, engine_usable
 from ptspeed.envs.realise import Images
-from ptspeed.cell.provenance import nvidia_driver_version
 
 
 def make_sif_plan():
@@ -39,16 +38,22 @@ def set_cell_apptainer_args():
 SIF_PLAN = make_sif_plan()
 if SIF_PLAN:
     set_cell_apptainer_args()
-if SIF_PLAN and DEVICE_CLASS == "cuda":
-    # A CUDA base (or CUDA wheels) newer than the driver is refused before any cell runs, where
-    # the driver is: on this node, or under a cluster executor in each job's Snakemake on its
-    # GPU node (a login node without a driver checks nothing).
-    DRIVER = nvidia_driver_version()
-    if DRIVER:
+
+
+def check_job_driver(env):
+    """In a cluster job, refuse the job's environment (``env``) where its image needs a newer
+    driver than the job's node has; the other environments' jobs run. (On a GPU node the main
+    process left such cells out before any job: driver_refusals in common.smk.)"""
+    if not (SIF_PLAN and DEVICE_CLASS == "cuda" and workflow.remote_exec):
+        return
+    driver = nvidia_driver_version()
+    if driver:
         try:
-            REALISATION.check_driver({cell.env for cell in CELLS}, DRIVER)
+            REALISATION.check_driver({env}, driver)
         except ConfigError as exc:
             raise WorkflowError(f"config: {exc}") from None
+
+
 IMAGES = Images(REALISATION, engine_for_images(CONTAINERS, engine_usable), SIF_PLAN)
 
 

@@ -83,6 +83,7 @@ PROVENANCE_COLUMNS = [
     "hostname",
     "slurm_job_id",
     "slurm_partition",
+    "slurm_node",
     # TF32 and cudnn.benchmark as the cell ran with them (absent from older records).
     "tf32_matmul",
     "tf32_cudnn",

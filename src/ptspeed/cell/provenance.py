@@ -50,6 +50,7 @@ def collect_base() -> Provenance:
         hostname=socket.gethostname(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID", ""),
         slurm_partition=os.environ.get("SLURM_JOB_PARTITION", ""),
+        slurm_node=os.environ.get("SLURMD_NODENAME", ""),
         container_image=_container_image(),
         container_digest=_container_digest(),
         platform=f"{platform.system()} {platform.release()} {platform.machine()}",

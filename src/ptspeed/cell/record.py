@@ -496,6 +496,9 @@ class Provenance:
     slurm_partition: str = _doc(
         "SLURM_JOB_PARTITION: the partition the cell's job ran in ('' outside SLURM).", ""
     )
+    slurm_node: str = _doc(
+        "SLURMD_NODENAME: the SLURM node the cell's job ran on ('' outside SLURM).", ""
+    )
     container_image: str = _doc("Container image (name or digest), '' outside containers.", "")
     container_digest: str = _doc(
         "Digest (sha256:…) of the container image, '' outside containers or when unknown.", ""

@@ -35,21 +35,12 @@ PROBES = {"docker": "`docker version`", "podman": "`podman info`"}
 DEFINITION = Path("docker/ptspeed.def")
 # Where docker/install.sh finds uv's cache in an Apptainer build (its default UV_CACHE_DIR).
 BUILD_UV_CACHE = "/var/cache/uv"
-# The oldest Linux driver of each CUDA toolkit release (NVIDIA's CUDA release notes, table 3).
-CUDA_MINIMUM_DRIVER = {
-    (11, 7): "515.43.04",
-    (11, 8): "520.61.05",
-    (12, 0): "525.60.13",
-    (12, 1): "530.30.02",
-    (12, 2): "535.54.03",
-    (12, 3): "545.23.06",
-    (12, 4): "550.54.14",
-    (12, 5): "555.42.02",
-    (12, 6): "560.28.03",
-    (12, 8): "570.124.06",
-    (12, 9): "575.51.03",
-    (13, 0): "580.65.06",
-}
+# The oldest Linux driver that runs each CUDA major release's toolkits: minor-version
+# compatibility (NVIDIA's CUDA Compatibility guide) lets an application built with CUDA 11.x
+# run on any driver >= 450.80.02, 12.x on >= 525.60.13. What it does not cover, PTX JIT of
+# code newer than the driver, is not how torch runs: its wheels carry cubins for the GPUs
+# it supports, and Triton compiles its kernels to cubins with its own ptxas.
+CUDA_MINIMUM_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 # How a cell's command starts the image's python: Apptainer passes the host's variables in, so
 # the ones that would bring the host's Python in (PYTHONHOME, a startup file, a user site) go;
 # PYTHONPATH is the cell rule's own (the suite's src/). The image's python is a venv's, which
@@ -380,14 +371,12 @@ def check_driver(env: str, base_image: str, driver: str, lock: str = "") -> None
     if not needs or not driver:
         return
     cuda, what = max(needs)
-    older = [version for version in CUDA_MINIMUM_DRIVER if version <= cuda]
-    if not older:
-        return
-    minimum = CUDA_MINIMUM_DRIVER[max(older)]
-    if _version(driver) < _version(minimum):
+    minimum = CUDA_MINIMUM_DRIVER.get(cuda[0])
+    if minimum and _version(driver) < _version(minimum):
         raise ConfigError(
             f"environments.{env}: {what} CUDA {cuda[0]}.{cuda[1]}, which needs an NVIDIA driver "
-            f">= {minimum}; this node's driver is {driver}: set environments.{env}.base_image "
+            f">= {minimum} (CUDA {cuda[0]}.x with minor-version compatibility); this node's "
+            f"driver is {driver}: set environments.{env}.base_image "
             "to an older CUDA base (or lock wheels of an older CUDA), or run on a node with a "
             "newer driver"
         )

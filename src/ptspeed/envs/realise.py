@@ -169,16 +169,26 @@ class Realisation:
         )
         return [notice for notice in notices if notice]
 
-    def check_driver(self, used: Iterable[str], driver: str) -> None:
-        """Refuse a sif whose CUDA (its base's, or its lock's wheels') is newer than this
-        node's ``driver``, of the environments ``used`` by the matrix's cells; raises
-        ConfigError."""
+    def driver_refusals(self, used: Iterable[str], driver: str) -> dict[str, str]:
+        """Of the environments ``used``, those whose sif's CUDA (its base's, or its lock's
+        wheels') needs a newer driver than ``driver``, each with the reason."""
+        refusals = {}
         for env in sorted(set(used) & set(self.sif_environments())):
             spec = self.environments[env]
             base = spec.get("base_image") or default_base_image(self.project)
             lock = self.workdir / spec["requirements"] if spec.get("requirements") else None
             text = lock.read_text(encoding="utf-8") if lock and lock.is_file() else ""
-            check_driver(env, base, driver, text)
+            try:
+                check_driver(env, base, driver, text)
+            except ConfigError as exc:
+                refusals[env] = str(exc)
+        return refusals
+
+    def check_driver(self, used: Iterable[str], driver: str) -> None:
+        """Raise ConfigError for the first of the environments ``used`` whose sif needs a newer
+        driver than ``driver`` (:meth:`driver_refusals`)."""
+        for reason in self.driver_refusals(used, driver).values():
+            raise ConfigError(reason)
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,8 @@ def gpu_environment(device: str, count: int, wait_s: float) -> Iterator[dict[str
         }
         return
     with claim_gpus(count, wait_s, pool) as claim:
+        # The watchdog is the cell's own process: its worker inherits the CPUs.
+        os.sched_setaffinity(0, cpu_share(sorted(os.sched_getaffinity(0)), pool, claim.ids))
         yield {
             # CUDA numbers GPUs fastest first unless told otherwise; nvidia-smi and SLURM by
             # PCI bus: without this, the claimed index names another GPU on mixed nodes.
@@ -218,6 +220,18 @@ def gpu_environment(device: str, count: int, wait_s: float) -> Iterator[dict[str
             VISIBLE_DEVICES_VARIABLE: claim.visible_devices,
             ASSIGNMENT_VARIABLE: claim.describe(),
         }
+
+
+def cpu_share(cpus: list[int], pool: GpuPool, claimed: tuple[str, ...]) -> list[int]:
+    """The CPUs of the cell holding ``claimed`` GPUs of ``pool``: ``cpus`` (the node's, or the
+    job's) cut into one equal slice per GPU of the pool, and the slices of the claimed GPUs, so
+    that cells side by side on one node never share a CPU. All of ``cpus`` where there are
+    fewer CPUs than GPUs."""
+    per_gpu = len(cpus) // max(len(pool.ids), 1)
+    if per_gpu == 0:
+        return cpus
+    positions = sorted(pool.ids.index(gpu) for gpu in claimed)
+    return [cpu for p in positions for cpu in cpus[p * per_gpu : (p + 1) * per_gpu]]
 
 
 def check_variant_gpus(variants: Mapping[str, str], limit: int | None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -183,6 +183,25 @@ def cells(
                     for env, variant in pairs:
                         if (platform, env) not in cannot_run:
                             yield Cell(env, model, variant, mode, size, trial, platform)
+
+
+def trial_groups(planned: Iterable[Cell]) -> dict[Cell, tuple[str, Cell | None]]:
+    """Cluster jobs of one node: the cells of one trial of one (platform, model, mode, size),
+    every side of the comparisons there, form one group job, so that trial k of a baseline and
+    of its candidate run back to back on the same node. Each cell with its group's name and
+    the cell that runs just before it (None: the first). The order is the comparisons' (the
+    baseline first) on even trials and the reverse on odd ones: neither side always runs
+    first, on a node warmer or cooler than the other's."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in planned:
+        name = f"{cell.platform or 'cells'}.{cell.model}.{cell.mode}.{cell.size}.trial{cell.trial}"
+        groups.setdefault(name, []).append(cell)
+    chained: dict[Cell, tuple[str, Cell | None]] = {}
+    for name, members in groups.items():
+        order = members if members[0].trial % 2 == 0 else members[::-1]
+        for before, cell in zip([None, *order[:-1]], order, strict=True):
+            chained[cell] = (name, before)
+    return chained
 
 
 def runtime_minutes(config: Mapping[str, Any]) -> int:

@@ -21,7 +21,7 @@ PROBE = "probe"
 # Each platform key and the cell job's resource it becomes (snakemake-executor-plugin-slurm).
 PLATFORM_RESOURCES = {"partition": "slurm_partition", "constraint": "constraint"}
 # Resources the executor leaves out when empty (it passes an empty constraint on, as -C '').
-EMPTY_MEANS_UNSET = ("slurm_partition", "gpu_model")
+EMPTY_MEANS_UNSET = ("slurm_partition",)
 
 
 @dataclass(frozen=True)
@@ -134,14 +134,12 @@ def platform_resources(platform: Platform, cluster_resources: Mapping[str, str])
     return resources
 
 
-def cell_job_resources(
-    plan: PlatformPlan, cluster_resources: Mapping[str, str], cuda: bool
-) -> dict[str, Any]:
-    """The scheduler resources of the rule cell: constants for a run of one platform; else,
-    per resource, a function of the job's wildcards giving its platform's value. On CUDA a
-    platform's gres type becomes ``gpu_model`` (sbatch ``--gpus=<type>:N``)."""
+def cell_job_resources(plan: PlatformPlan, cluster_resources: Mapping[str, str]) -> dict[str, Any]:
+    """The scheduler resources of the rule cell but its GPUs (ptspeed.plan.cluster.gpu_request,
+    from the platform's gres type): constants for a run of one platform; else, per resource, a
+    function of the job's wildcards giving its platform's value."""
     by_platform: dict[str, dict[str, str]] = {
-        platform.name: _platform_job_resources(platform, cluster_resources, cuda)
+        platform.name: platform_resources(platform, cluster_resources)
         for platform in plan.platforms
     }
     if len(by_platform) == 1:
@@ -160,18 +158,8 @@ def cell_job_resources(
     return {key: _per_platform(by_platform, key) for key in keys}
 
 
-def _platform_job_resources(
-    platform: Platform, cluster_resources: Mapping[str, str], cuda: bool
-) -> dict[str, str]:
-    resources = platform_resources(platform, cluster_resources)
-    if cuda and platform.gres_type:
-        resources["gpu_model"] = platform.gres_type
-    return resources
-
-
 def _config_key(resource: str) -> str:
-    keys = {**{v: k for k, v in PLATFORM_RESOURCES.items()}, "gpu_model": "gres_type"}
-    return keys.get(resource, resource)
+    return {v: k for k, v in PLATFORM_RESOURCES.items()}.get(resource, resource)
 
 
 def _per_platform(by_platform: Mapping[str, Mapping[str, str]], key: str) -> Any:
@@ -180,6 +168,11 @@ def _per_platform(by_platform: Mapping[str, Mapping[str, str]], key: str) -> Any
         return values.pop()
 
     def value(wildcards: Any) -> str:
-        return by_platform[str(wildcards.platform).rstrip("/")][key]
+        return by_platform[platform_of(wildcards)][key]
 
     return value
+
+
+def platform_of(wildcards: Any) -> str:
+    """The platform name of a cell job's wildcards ('' in a run without platforms)."""
+    return str(wildcards.platform).rstrip("/")

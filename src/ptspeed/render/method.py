@@ -98,9 +98,20 @@ def platform_blocks(config: Mapping[str, Any], recorded: pd.DataFrame) -> list[B
     ]
     note = (
         "Cells a platform's GPU cannot run (rule: Method, GPU code) were not submitted there; a "
-        "probed platform's cells check on arrival."
+        f"probed platform's cells check on arrival. {_platform_devices(recorded, platforms)}"
     )
     return [Block(table=Table.of(columns, rows), heading="What each platform can run", note=note)]
+
+
+def _platform_devices(recorded: pd.DataFrame, platforms: list[Mapping[str, Any]]) -> str:
+    """The device each platform's cells ran on, as their records say: 'Device: a100 cuda.'"""
+    if not {"platform", "device"} <= set(recorded.columns):
+        return ""
+    devices = (
+        f"{p['name']} {_distinct(recorded.loc[recorded['platform'] == p['name'], 'device'])}"
+        for p in platforms
+    )
+    return f"Device of each platform's cells: {'; '.join(devices)}."
 
 
 def _code_label(code: Mapping[str, Any] | None) -> str:
@@ -244,6 +255,16 @@ def method_section(inputs: ReportInputs) -> Section:
             "several platforms submits each cell only where it can run",
         ],
         ["where the time went", PROFILING_METHOD],
+        [
+            "trials on a cluster",
+            "under SLURM each trial of a model's comparisons is one job: its sides back to back "
+            "on one node, the baseline first on even trials and last on odd ones; the seed table "
+            "names the nodes and any trial whose sides ran on different nodes (a rerun runs on "
+            "its own). The interval stays the unpaired one above, not a paired (signed-rank) "
+            "interval of each trial's ratio: the pairing keeps node-to-node differences out of "
+            "each side's comparison, and the unpaired interval, which does not rely on it, is "
+            "the wider and holds for reruns and runs on one machine alike",
+        ],
         [
             "against an earlier run",
             "scripts/compare.py's rule (compare.earlier): per cell the Hodges–Lehmann ratio new "

@@ -19,6 +19,7 @@ import pandas as pd
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
 from ptspeed.analysis.compare import AA_SPREAD, Rule, compare_runs, defaults_of, machine_changes
 from ptspeed.analysis.conditions import settings
+from ptspeed.analysis.nodes import comparison_nodes
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
 from ptspeed.render.breakdown import comparison_chart, version_blocks, why_column
@@ -72,7 +73,7 @@ def seed_section(inputs: ReportInputs) -> Section:
         block
         for name in dict.fromkeys(frame["comparison"])
         for block in _comparison_blocks(
-            frame[frame["comparison"] == name], inputs.claims, keep, results
+            frame[frame["comparison"] == name], inputs.claims, keep, results, inputs.runs
         )
     ]
     return Section(
@@ -88,10 +89,14 @@ def seed_section(inputs: ReportInputs) -> Section:
 
 
 def _comparison_blocks(
-    rows: pd.DataFrame, claims: Mapping[str, Any], keep_perturbed: bool, results: str
+    rows: pd.DataFrame,
+    claims: Mapping[str, Any],
+    keep_perturbed: bool,
+    results: str,
+    runs: pd.DataFrame,
 ) -> list[Block]:
-    """A comparison's seed table and, where its cells were profiled, the stacked bars of where
-    each side's time went."""
+    """A comparison's seed table (with the SLURM nodes its trials ran on, where they did) and,
+    where its cells were profiled, the stacked bars of where each side's time went."""
     first = rows.iloc[0]
     records = rows.to_dict("records")
     compiled = any(compiler_counts("candidate_")(row) != BLANK for row in records)
@@ -111,9 +116,15 @@ def _comparison_blocks(
         f"candidate {first['candidate_env']}/{first['candidate_variant']}"
     )
     note = _claim_note(sides, first, claims) + _left_out_note(rows, keep_perturbed)
+    nodes = comparison_nodes(runs, {side: _side(first, side) for side in SIDES})
+    note += f" {nodes.describe()}" if nodes else ""
     footnote = _compiler_note(records) if compiled else ""
     seed = Block(table=table, heading=format_text(first["title"]), note=note, footnote=footnote)
     return [seed, chart] if chart else [seed]
+
+
+def _side(row: Mapping[str, Any], side: str) -> dict[str, str]:
+    return {"env": row[f"{side}_env"], "variant": row[f"{side}_variant"]}
 
 
 def _compiler_note(records: list[dict[str, Any]]) -> str:
