@@ -53,8 +53,7 @@ def cleared(
     return {
         name: value
         for name, value in environ.items()
-        if (name in CLEARED_NAMES or name.startswith(CLEARED_PREFIXES))
-        and name not in image_names
+        if (name in CLEARED_NAMES or name.startswith(CLEARED_PREFIXES)) and name not in image_names
     }
 
 
