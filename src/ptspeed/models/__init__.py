@@ -169,11 +169,15 @@ class Reference:
         return self.name if self.kind == "zoo" else f"{self.module}:{self.name}"
 
 
+_FORMS = {
+    "torchvision": "torchvision:<name>",
+    "transformers": "transformers:<model_type>",
+    "timm": "timm:<name>",
+}
+
+
 def accepted_references() -> str:
-    return (
-        f"{', '.join(REGISTRY)}, torchvision:<name>, transformers:<model_type>, timm:<name> "
-        "or module:attribute"
-    )
+    return f"{', '.join(REGISTRY)}, {', '.join(_FORMS.values())} or module:attribute"
 
 
 def parse_reference(text: str) -> Reference:
@@ -184,7 +188,7 @@ def parse_reference(text: str) -> Reference:
     if colon and family in FAMILIES:
         if _FAMILY_NAME.fullmatch(name):
             return Reference(family, family, name)
-        raise BadInput(f"model: {text!r} names no {family} model (accepted: {family}:<name>)")
+        raise BadInput(f"model: {text!r} names no {family} model (accepted: {_FORMS[family]})")
     user = _USER_MODEL.fullmatch(text)
     if user:
         return Reference("module", user["module"], user["attribute"])
