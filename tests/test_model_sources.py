@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import TINY_CELL, ptspeed, read_valid_record
+from helpers import TINY_CELL, USER_MODEL_MODULE, ptspeed, read_valid_record
 
 from ptspeed.cell.steps import build_model
 from ptspeed.errors import BadInput, ConfigError, Unsupported
@@ -30,33 +29,6 @@ from ptspeed.models.families import config_fields
 from ptspeed.plan.matrix import cell_spec, cells, check_config
 from ptspeed.plan.suites import expand_suites, model_name
 
-USER_MODULE = textwrap.dedent(
-    """
-    import torch
-    from torch import nn
-    from ptspeed.models import ModelSpec
-
-    def _batch(sizes, generator):
-        return {
-            "x": torch.randn(sizes.batch_size, 8, generator=generator),
-            "y": torch.randint(0, 3, (sizes.batch_size,), generator=generator),
-        }
-
-    def tiny():
-        return ModelSpec(
-            name="tiny",
-            description="a user's linear classifier",
-            build=lambda sizes: nn.Linear(8, 3),
-            make_batch=_batch,
-            loss=lambda m, b: nn.functional.cross_entropy(m(b["x"]), b["y"]),
-            infer=lambda m, b: m(b["x"]),
-            limits={"seq_len": (4, 64)},
-        )
-
-    TINY = tiny()
-    NOT_A_SPEC = 3
-    """
-)
 LLAMA_SHAPE = "layers=2,hidden=64,heads=4,kv_heads=2,vocab=512"
 CPU = torch.device("cpu")
 
@@ -66,7 +38,7 @@ def user_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A directory outside the package holding ``mymodels.py``, on sys.path."""
     directory = tmp_path / "user"
     directory.mkdir()
-    (directory / "mymodels.py").write_text(USER_MODULE, encoding="utf-8")
+    (directory / "mymodels.py").write_text(USER_MODEL_MODULE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(directory))
     return directory
 
