@@ -38,6 +38,8 @@ def model_sizes(config: Mapping[str, Any], model: str, device_class: str) -> Siz
 def check_config(config: Mapping[str, Any], device_class: str) -> None:
     """Raise :class:`ConfigError` for the first cross-reference or value that cannot work."""
     environments, variants = config["environments"], config["variants"]
+    if not config["models"]:
+        raise ConfigError("models: none given (name models, or suites of them)")
     for model in config["models"]:
         _check_model(config, model)
         try:
