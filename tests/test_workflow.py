@@ -199,6 +199,34 @@ def test_default_matrix_plan(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize(
+    ("config", "cells"),
+    [
+        # small-transformer x (2.0 eager, 2.14 eager, 2.14 compile) x 3 trials
+        ("user-model", {("small-transformer", "b4-s64")}),
+        # 24 torchvision models x eager and compile x 1 trial, each named as torchvision does
+        ("suite-torchvision", {(m, "b2-i64") for m in ("resnet18", "vit_b_16", "alexnet")}),
+        ("llm", {("llama", "b2-s128"), ("vit", "b4-i64")}),
+    ],
+)
+def test_the_model_source_matrices_plan(
+    tmp_path: Path, config: str, cells: set[tuple[str, str]]
+) -> None:
+    output = ok(
+        snakemake(
+            "-n", "--configfile", f"config/{config}.yaml", "--config",
+            f"results={tmp_path / 'results'}", "device=cpu",
+        )
+    )  # fmt: skip
+    planned = {
+        Path(path).relative_to(tmp_path / "results/records").parts
+        for path in planned_outputs(output)["cell"]
+    }
+    expected = {"user-model": 9, "suite-torchvision": 48, "llm": 42}[config]
+    assert len(planned) == expected
+    assert cells <= {(model, size) for _env, model, _variant, _mode, size, _trial in planned}
+
+
 def test_the_report_is_set_against_an_earlier_run_where_the_config_names_one(
     tmp_path: Path,
 ) -> None:
