@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -244,13 +245,16 @@ def test_the_attention_knob_reaches_a_family_model() -> None:
         assert spec.attention(model) == attn
 
 
-def test_what_an_environment_lacks_is_unsupported_with_the_reason() -> None:
+def test_what_an_environment_lacks_is_unsupported_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with pytest.raises(
         Unsupported, match=r"transformers 4\.\d+\.\d+ here has no model type 'nosuch'"
     ):
         get_model("transformers:nosuch")
     with pytest.raises(Unsupported, match=r"no synthetic keypoint targets"):
         get_model("torchvision:keypointrcnn_resnet50_fpn")
+    monkeypatch.setitem(sys.modules, "timm", None)  # an environment without timm
     with pytest.raises(Unsupported, match=r"timm is not installed here"):
         get_model("timm:resnet18")
 
@@ -395,3 +399,14 @@ def test_the_record_names_its_source(tmp_path: Path) -> None:
     data = json.loads(out.read_text(encoding="utf-8"))
     assert (data["cell"]["model"], data["cell"]["source"]) == ("r18", "torchvision:resnet18")
     assert data["status"] == "ok", data["reason"]
+
+
+def test_a_timm_model_trains_where_timm_is_installed() -> None:
+    pytest.importorskip("timm")  # in no environment of envs/; a user's may carry it
+    check_known(parse_reference("timm:resnet18"))
+    with pytest.raises(BadInput, match=r"^model: timm:nosuch is not a model name of timm"):
+        check_known(parse_reference("timm:nosuch"))
+    spec, sizes = get_model("timm:resnet18"), Sizes(2, image_size=32)
+    model = build_model(spec, sizes, 0, CPU)
+    loss = spec.loss(model.train(), spec.make_batch(sizes, torch.Generator().manual_seed(0)))
+    assert torch.isfinite(loss)
