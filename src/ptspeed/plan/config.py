@@ -17,7 +17,9 @@ Snakemake's ``config``. It checks, in this order, and stops at the first problem
 
 Every problem is a :class:`ConfigError` whose message is one line naming the key, e.g.
 ``models.mlp.cpu.batch_size: -1 is less than the minimum of 1``. Nothing here evaluates a config
-value: values are compared and matched, never run.
+value: values are compared and matched, never run. The one exception is a model's
+``module:attribute`` source: the module is imported (its attribute looked up, not called) where
+it can be found, as every cell of it will import it.
 """
 
 from __future__ import annotations
