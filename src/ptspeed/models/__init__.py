@@ -257,14 +257,15 @@ def get_model(name: str, shape: str = "") -> ModelSpec:
         return module.SPECS[name]
     if reference.kind == "module":
         return user_spec(reference)
-    families = importlib.import_module("ptspeed.models.families")
+    from ptspeed.models import families  # torch and the family's library: only when asked
+
     return families.family_spec(reference, parse_shape(shape))
 
 
 def user_spec(reference: Reference) -> ModelSpec:
     """The ModelSpec of ``module:attribute``: the attribute itself, or what calling it returns."""
     try:
-        module = importlib.import_module(reference.module)
+        module = import_user_module(reference)
     except ModuleNotFoundError as exc:
         if exc.name is None or not f"{reference.module}.".startswith(f"{exc.name}."):
             raise  # the user's module is there; something it imports is not: its failure
@@ -280,6 +281,12 @@ def user_spec(reference: Reference) -> ModelSpec:
             "ptspeed.models.ModelSpec, or a function returning one)"
         )
     return spec
+
+
+def import_user_module(reference: Reference) -> Any:
+    """The module of a ``module:attribute`` reference, imported as each of its cells will: the
+    one module ptspeed imports by a name the config gives (the user's own code, by design)."""
+    return importlib.import_module(reference.module)
 
 
 def find_attribute(module: Any, reference: Reference) -> Any:

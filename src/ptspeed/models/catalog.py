@@ -11,7 +11,6 @@ reference of theirs is checked, never when this module is.
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import sys
 from collections.abc import Iterable, Iterator
@@ -19,15 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ptspeed.errors import BadInput
-from ptspeed.models import Reference, find_attribute
+from ptspeed.models import Reference, find_attribute, import_user_module
 
-# torchvision's builders ptspeed can train, by the module that registers them (video, optical
-# flow and quantized models take inputs or steps of their own).
-TORCHVISION_TASKS = {
-    "torchvision.models": "classification",
-    "torchvision.models.detection": "detection",
-    "torchvision.models.segmentation": "segmentation",
-}
+# torchvision's builders ptspeed can train, by the submodule of torchvision.models that
+# registers them (video, optical flow and quantized models take inputs or steps of their own).
+TORCHVISION_TASKS = {"": "classification", "detection": "detection", "segmentation": "segmentation"}
 # The heads a transformers architecture is trained with, in order of preference (BERT has a
 # causal-LM head too, but is a masked LM), each transformers' mapping of model types to classes.
 TRANSFORMERS_HEADS = {
@@ -49,10 +44,12 @@ def importable(module: str) -> bool:
 @functools.cache
 def torchvision_tasks() -> dict[str, str]:
     """Every builder name of :data:`TORCHVISION_TASKS`, with its task."""
-    models = importlib.import_module("torchvision.models")
+    import torchvision.models
+
+    models = torchvision.models
     tasks = {}
-    for module_name, task in TORCHVISION_TASKS.items():
-        module = importlib.import_module(module_name)
+    for submodule, task in TORCHVISION_TASKS.items():
+        module = getattr(models, submodule) if submodule else models
         tasks.update(dict.fromkeys(models.list_models(module=module), task))
     return tasks
 
@@ -60,7 +57,8 @@ def torchvision_tasks() -> dict[str, str]:
 @functools.cache
 def transformers_heads() -> dict[str, tuple[str, str]]:
     """Every model type with a head of :data:`TRANSFORMERS_HEADS`: (head, model class name)."""
-    mappings = importlib.import_module("transformers.models.auto.modeling_auto")
+    from transformers.models.auto import modeling_auto as mappings
+
     heads: dict[str, tuple[str, str]] = {}
     for head, mapping_name in TRANSFORMERS_HEADS.items():
         for model_type, classes in getattr(mappings, mapping_name).items():
@@ -71,7 +69,9 @@ def transformers_heads() -> dict[str, tuple[str, str]]:
 
 @functools.cache
 def timm_names() -> frozenset[str]:
-    return frozenset(importlib.import_module("timm").list_models())
+    import timm
+
+    return frozenset(timm.list_models())
 
 
 def family_names(family: str) -> list[str]:
@@ -115,7 +115,7 @@ def _check_user_module(reference: Reference, search_paths: Iterable[str | Path])
     with _searched(search_paths):
         if not importable(reference.module):
             return  # perhaps installed in the cell's environment alone: the cell will say
-        module = importlib.import_module(reference.module)
+        module = import_user_module(reference)
     find_attribute(module, reference)
 
 

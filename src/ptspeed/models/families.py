@@ -12,7 +12,6 @@ its models is asked for.
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,7 +21,7 @@ from torch.nn import functional
 
 from ptspeed.errors import BadInput, Unsupported
 from ptspeed.models import SHAPE_KEYS, Batch, ModelSpec, Reference, Sizes
-from ptspeed.models.catalog import timm_names, torchvision_tasks, transformers_heads
+from ptspeed.models.catalog import importable, timm_names, torchvision_tasks, transformers_heads
 
 IMAGE_LIMITS = {"image_size": (32, 2048)}
 DETECTION_LIMITS = {"image_size": (64, 2048)}
@@ -42,10 +41,8 @@ MAX_SEQ_LEN = 65536
 
 def family_spec(reference: Reference, shape: Mapping[str, int]) -> ModelSpec:
     """The spec of ``reference`` (a family's), ``shape`` applied (transformers only)."""
-    try:
-        importlib.import_module(reference.kind)
-    except ImportError as exc:
-        raise Unsupported(f"model {reference}: {reference.kind} is not installed here") from exc
+    if not importable(reference.kind):
+        raise Unsupported(f"model {reference}: {reference.kind} is not installed here")
     if reference.kind == "torchvision":
         return torchvision_spec(reference)
     if reference.kind == "transformers":
