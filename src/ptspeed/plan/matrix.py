@@ -2,7 +2,7 @@
 
 The JSON Schema (workflow/schemas/config.schema.yaml) checks shapes and fills defaults;
 this module checks what a schema cannot: cross-references (a comparison naming an
-environment or variant that does not exist), model names against the registry, knob
+environment or variant that does not exist), models against the zoo or their sources, knob
 strings, and sizes against each model's limits. Every problem is one line naming the key.
 """
 
@@ -19,7 +19,15 @@ from ptspeed.cell.checks import check_cell
 from ptspeed.cell.record import CellSpec
 from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.errors import BadInput, ConfigError
-from ptspeed.models import REGISTRY, Sizes, check_sizes, parse_reference, shape_text, sizes_used
+from ptspeed.models import (
+    REGISTRY,
+    Sizes,
+    accepted_references,
+    check_sizes,
+    parse_reference,
+    shape_text,
+    sizes_used,
+)
 from ptspeed.models.catalog import check_known
 from ptspeed.plan.layout import Cell, configured_sizes, configured_table, size_label
 from ptspeed.plan.platforms import configured_platforms
@@ -80,9 +88,8 @@ def _check_model(config: Mapping[str, Any], model: str) -> None:
     source = config["models"][model].get("source", "")
     if not source and model not in REGISTRY:
         raise ConfigError(
-            f"models.{model}: unknown model (accepted: {', '.join(REGISTRY)}, or any name with "
-            "a source: torchvision:<name>, transformers:<model_type>, timm:<name>, "
-            "module:attribute)"
+            f"models.{model}: unknown model (accepted: {accepted_references()}, the last four "
+            "as a source of a name of your own)"
         )
     if not source:
         return
