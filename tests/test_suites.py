@@ -1,4 +1,5 @@
-"""Suite figures (ptspeed.analysis.suites) and the report's section of them."""
+"""Suite figures (ptspeed.analysis.suites), the report's section of them, and where sourced models
+came from (the environments section)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 
 from ptspeed.analysis.suites import geomean, geomean_interval, suite_figures, suite_members
+from ptspeed.render.method import source_blocks
 from ptspeed.render.page import ReportInputs
 from ptspeed.render.sections import suites_section
 
@@ -104,3 +106,16 @@ def test_the_report_has_a_suite_section_only_where_the_config_has_suites() -> No
     ]
     plain = {**CONFIG, "models": {"mlp": CONFIG["models"]["mlp"]}}
     assert suites_section(ReportInputs(runs(), summary(), speedups(), plain, {})) is None
+
+
+def test_the_environments_section_says_where_each_sourced_model_came_from() -> None:
+    recorded = runs().assign(source="", shape="")
+    recorded.loc[recorded.model == "a", "source"] = "torchvision:a"
+    recorded.loc[recorded.model == "b", ["source", "shape"]] = ["transformers:llama", "layers=2"]
+    (block,) = source_blocks(recorded)
+    assert block.heading == "Models by source"
+    assert block.table.rows == [
+        ["a", "torchvision:a", "—"],
+        ["b", "transformers:llama", "layers=2"],
+    ]
+    assert source_blocks(runs()) == []  # records from before sources: nothing to say
