@@ -83,9 +83,9 @@ SOURCE_TABLE = [
 def source_blocks(recorded: pd.DataFrame) -> list[Block]:
     """Where each model not of ptspeed's zoo came from, and the shape it was built at, as its
     records say (none for a run of the zoo's models alone)."""
-    if "source" not in recorded.columns:
+    if recorded.empty or not {"source", "shape"} <= set(recorded.columns):
         return []
-    sourced = recorded[~recorded["source"].map(is_blank)]
+    sourced = recorded[~recorded["source"].map(is_blank).astype(bool)]
     rows = sourced[["model", "source", "shape"]].drop_duplicates().to_dict("records")
     if not rows:
         return []
