@@ -62,6 +62,8 @@ def runs() -> pd.DataFrame:
             *(run(m, v, "ok") for m in "abc" for v in ("eager", "compile")),
             run("d", "eager", "ok"),
             run("d", "compile", "failed", "BackendCompilerFailed: boom"),
+            run("c", "compile", "numerics_mismatch", "loss 0.42 is 2.5% from eager's 0.41"),
+            run("b", "compile", "numerics_mismatch", "loss 1.5e-3 is 9% from eager's 4"),
             run("mlp", "compile", "failed", "not a suite's"),
         ]
     )
@@ -80,7 +82,9 @@ def test_a_suites_figures_are_the_dashboards() -> None:
     assert 1.0 <= row.geomean_low < 2.0 < row.geomean_high <= 4.0
     assert row.median_compile_time_s == 20.0
     assert row.memory_ratio == pytest.approx(0.5)
-    assert row.failures == "1× failed: BackendCompilerFailed: boom"
+    assert row.failures == (
+        "2× numerics_mismatch: loss N is N% from eager's N; 1× failed: BackendCompilerFailed: boom"
+    )
 
 
 def test_the_geomean_interval_is_seeded_and_needs_two_models() -> None:

@@ -14,7 +14,7 @@ A suite is a set of models of the config (``models.<name>.suite``, which
 - **memory ratio**: the geometric mean over models of candidate / baseline peak memory (below
   1: the candidate needs less);
 - **failures** by reason: every record of the suite's cells in the comparison that is not ok,
-  counted by status and reason.
+  counted by status and reason, the reason's numbers left out.
 
 Pure; no torch.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,6 +36,9 @@ from ptspeed.analysis.stats import quantile
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 SHOWN_REASON_CHARS = 160
+# The numbers of a reason (a loss, an error, a step), which differ from model to model: a
+# reason is grouped with the numbers left out ("loss differs from eager fp64 by N").
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 SUITE_COLUMNS = [
     "suite",
     "comparison",
@@ -186,6 +190,6 @@ def _failures(
     for row in mine.itertuples():
         if (row.env, row.variant) in pairs:
             reason = str(row.reason if isinstance(row.reason, str) else "")
-            reason = reason.replace(f"model {row.model}: ", "")
+            reason = NUMBER.sub("N", reason.replace(f"model {row.model}: ", ""))
             counts[f"{row.status}: {reason[:SHOWN_REASON_CHARS]}"] += 1
     return "; ".join(f"{n}× {what}" for what, n in counts.most_common())
