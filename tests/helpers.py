@@ -16,6 +16,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import textwrap
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from html.parser import HTMLParser
@@ -168,6 +169,36 @@ TINY_CELL = [
     "--model", "mlp", "--batch-size", "2", "--warmup-steps", "1", "--measured-steps", "2",
     "--numerics-steps", "1", "--device", "cpu",
 ]  # fmt: skip
+
+
+# A user's model module (module:attribute), written outside the package by the tests.
+USER_MODEL_MODULE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    from ptspeed.models import ModelSpec
+
+    def _batch(sizes, generator):
+        return {
+            "x": torch.randn(sizes.batch_size, 8, generator=generator),
+            "y": torch.randint(0, 3, (sizes.batch_size,), generator=generator),
+        }
+
+    def tiny():
+        return ModelSpec(
+            name="tiny",
+            description="a user's linear classifier",
+            build=lambda sizes: nn.Linear(8, 3),
+            make_batch=_batch,
+            loss=lambda m, b: nn.functional.cross_entropy(m(b["x"]), b["y"]),
+            infer=lambda m, b: m(b["x"]),
+            limits={"seq_len": (4, 64)},
+        )
+
+    TINY = tiny()
+    NOT_A_SPEC = 3
+    """
+)
 
 
 def with_sources() -> dict[str, str]:

@@ -27,7 +27,15 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import CI_BASE_IMAGE, ROOT, host_ca_bundle, small_disk, snakemake, write_config
+from helpers import (
+    CI_BASE_IMAGE,
+    ROOT,
+    USER_MODEL_MODULE,
+    host_ca_bundle,
+    small_disk,
+    snakemake,
+    write_config,
+)
 
 from ptspeed.envs.apptainer import (
     CELL_PYTHON,
@@ -298,9 +306,14 @@ HOST_COMPILER = {"CXX": "/nonexistent"}
 
 
 def reduced_matrix(directory: Path) -> dict[str, Any]:
-    """The default matrix: mlp on the CPU, eager and compile, torch-1.13 and torch-2.0 on the
-    CI's stand-in base (Debian 12 and CPython 3.10: .ci/podman.sh), 3 trials; the results
-    outside the working directory (the checkout), as on a cluster's scratch."""
+    """The default matrix: mlp and a user's model (a module outside the checkout, found through
+    model_paths, which the cells' containers bind) on the CPU, eager and compile, torch-1.13
+    and torch-2.0 on the CI's stand-in base (Debian 12 and CPython 3.10: .ci/podman.sh), 3
+    trials; the results outside the working directory (the checkout), as on a cluster's
+    scratch."""
+    user_models = directory / "user-models"
+    user_models.mkdir(exist_ok=True)
+    (user_models / "mymodels.py").write_text(USER_MODEL_MODULE, encoding="utf-8")
     environments = {
         env: {**DEFAULT_CONFIG["environments"][env], "base_image": CI_BASE_IMAGE}
         for env in ENVIRONMENTS
@@ -312,7 +325,15 @@ def reduced_matrix(directory: Path) -> dict[str, Any]:
         "device": "cpu",
         "containers": {**DEFAULT_CONFIG["containers"], "ca_bundle": host_ca_bundle()},
         "environments": environments,
-        "models": {"mlp": {"cpu": {"batch_size": 16}, "cuda": {"batch_size": 64}}},
+        "model_paths": [str(user_models)],
+        "models": {
+            "mlp": {"cpu": {"batch_size": 16}, "cuda": {"batch_size": 64}},
+            "tiny": {
+                "source": "mymodels:tiny",
+                "cpu": {"batch_size": 4, "seq_len": 8},
+                "cuda": {"batch_size": 4, "seq_len": 8},
+            },
+        },
     }
 
 
@@ -357,7 +378,7 @@ def image_exec(sif: Path, *command: str, home: Path = ROOT) -> subprocess.Comple
 def test_the_run_reaches_the_report(apptainer_run: dict[str, Any]) -> None:
     results = apptainer_run["results"]
     assert (results / "report/index.html").is_file()
-    assert len(apptainer_run["records"]) == 3 * APPTAINER_TRIALS
+    assert len(apptainer_run["records"]) == 2 * 3 * APPTAINER_TRIALS  # mlp and the user's
     assert apptainer_run["output"].count("ptspeed: images:") == 1
 
 

@@ -22,6 +22,8 @@ from ptspeed.cell.record import CellSpec
 # A value other than the default for every field the command takes.
 OTHER_VALUES: dict[str, Any] = {
     "model": "resnet50",
+    "source": "torchvision:resnet18",
+    "shape": "layers=2,hidden=64",
     "variant": "compile",
     "knobs": "compile+amp=bf16",
     "mode": "infer",

@@ -10,7 +10,7 @@ import pytest
 from helpers import TINY_CELL, files_in, fill, ptspeed, read_valid_record, small_disk
 
 from ptspeed.cell.schema import json_schema
-from ptspeed.models import REGISTRY
+from ptspeed.models import REGISTRY, accepted_references
 
 HANG_TIMEOUT_S = 5
 HANG_DEADLINE_S = 15
@@ -60,7 +60,7 @@ def test_a_crashed_worker_ends_as_failed_naming_the_signal(tmp_path: Path) -> No
     assert files_in(tmp_path) == ["cell.json"]
 
 
-MODELS = ", ".join(REGISTRY)
+MODELS = accepted_references()
 BAD_INPUT = [
     (["--model", "alexnet"], f"model: unknown 'alexnet' (accepted: {MODELS})"),
     (["--knobs", "turbo"], "knobs: unknown knob 'turbo' (accepted: eager, compile, backend"),
@@ -109,9 +109,18 @@ def test_schema_command_prints_the_record_schema() -> None:
 def test_models_command_lists_every_model_with_its_sizes() -> None:
     result = ptspeed("models")
     assert result.returncode == 0
-    lines = result.stdout.splitlines()
+    *lines, families = result.stdout.splitlines()
     assert [line.split()[0] for line in lines] == list(REGISTRY)
     assert "image_size 32..2048" in lines[list(REGISTRY).index("resnet50")]
+    assert families.startswith("and torchvision:<name>, transformers:<model_type>")
+
+
+def test_models_command_lists_a_familys_names() -> None:
+    result = ptspeed("models", "--family", "torchvision")
+    assert result.returncode == 0, result.stderr
+    names = result.stdout.splitlines()
+    assert {"torchvision:resnet18", "torchvision:maskrcnn_resnet50_fpn"} <= set(names)
+    assert "torchvision:raft_small" not in names  # optical flow: not trained here
 
 
 @pytest.mark.slow

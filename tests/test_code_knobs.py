@@ -133,7 +133,7 @@ KEYWORD_SPEC = dataclasses.replace(
 def test_a_keyword_called_model_is_traced_and_keeps_its_output_type(
     mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name: KEYWORD_SPEC)
+    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name, shape="": KEYWORD_SPEC)
     record = run_cell(tiny_cell("mlp", "jit=trace", mode, batch_size=8))
     assert_ok_and_checked(record)
 
@@ -144,7 +144,7 @@ def test_torchscript_on_the_cpu_draws_eagers_dropout_masks(
     knobs: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Why the gate need not allow for other dropout masks here (it does on CUDA).
-    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name: DROPOUT_SPEC)
+    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name, shape="": DROPOUT_SPEC)
     record = run_cell(tiny_cell("mlp", knobs, batch_size=8, warmup_steps=2, numerics_steps=2))
     assert_ok_and_checked(record)
     assert record.numerics.variant_values == pytest.approx(record.numerics.reference_values)
@@ -296,7 +296,7 @@ def test_a_compiled_cell_records_graphs_and_compile_time_by_phase() -> None:
 def test_graph_breaks_and_recompilations_are_recorded_with_their_reasons(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name: BREAKING_SPEC)
+    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name, shape="": BREAKING_SPEC)
     record = run_cell(tiny_cell("mlp", "compile+backend=eager", batch_size=4, warmup_steps=3))
     metrics = record.metrics
     assert record.status == "ok", record.reason

@@ -163,7 +163,8 @@ BAD = [
     ("oom_retry", "yes", "oom_retry: 'yes' is not of type 'boolean'"),
     ("device", "tpu", "device: 'tpu' is not one of auto, cpu, cuda"),
     # an empty matrix
-    ("models", {}, "models: {} should be non-empty"),
+    ("models", {}, "models: none given (name models, or suites of them)"),
+    ("models-", None, "models: none given (name models, or suites of them)"),
     ("environments", {}, "environments: {} should be non-empty"),
     ("variants", {}, "variants: {} should be non-empty"),
     ("comparisons", {}, "comparisons: {} should be non-empty"),

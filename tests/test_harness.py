@@ -208,7 +208,7 @@ def test_a_later_trial_leaves_the_gate_to_the_first_and_runs_the_same_steps() ->
 def test_random_ops_see_the_same_random_numbers_as_the_reference(
     knobs: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name: DROPOUT_SPEC)
+    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name, shape="": DROPOUT_SPEC)
     record = run_cell(tiny_cell("mlp", knobs, batch_size=8, warmup_steps=2, numerics_steps=2))
     assert record.status == "ok", record.reason
     # fp32 code on the same weights, batch and random numbers: equal to eager fp32.
@@ -221,7 +221,7 @@ def test_compiled_dropout_passes_within_the_spread_of_reseeded_eager(
 ) -> None:
     # Inductor draws its own dropout masks, so the compiled loss cannot equal eager's; the
     # gate allows what eager itself moves under another seed, and says how much that was.
-    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name: DROPOUT_SPEC)
+    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name, shape="": DROPOUT_SPEC)
     record = run_cell(tiny_cell("mlp", "compile", batch_size=8, warmup_steps=2, numerics_steps=2))
     assert record.status == "ok", record.reason
     assert record.numerics.eager_spread_error > 0
@@ -235,7 +235,7 @@ def test_a_wrong_variant_with_light_dropout_is_still_caught(
     # BERT's and GPT-2's dropout (p = 0.1) over a batch moves the loss by about 1 %; a 10 %
     # error stands out. (Heavy dropout on a tiny batch moves it by more than 10 %: not caught.)
     light = dataclasses.replace(DROPOUT_SPEC, build=lambda sizes: DropoutNet(p=0.1))
-    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name: light)
+    monkeypatch.setattr("ptspeed.cell.harness.get_model", lambda name, shape="": light)
     record = run_cell(
         tiny_cell("mlp", "eager", batch_size=8, warmup_steps=2, numerics_steps=2, fault="numerics")
     )

@@ -42,7 +42,7 @@ ALLOWED_THIRD_PARTY = {
     # pynvml: optional, imported inside a try (cell/measurement/conditions.py reads the GPU's
     # state with it where a benchmark environment has it, else through nvidia-smi).
     "cell": {"torch", "pynvml"},
-    "models": {"torch", "torchvision", "transformers"},
+    "models": {"torch", "torchvision", "transformers", "timm"},
     "launch": set(),
     "cli": set(),
     "errors": set(),

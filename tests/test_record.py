@@ -115,8 +115,9 @@ def test_a_record_written_by_hand_reads_and_validates() -> None:
     dataclasses: every part present, nothing extra."""
     data = {
         "cell": {
-            "model": "mlp", "variant": "eager", "knobs": "eager", "mode": "train",
-            "batch_size": 4, "image_size": 224, "seq_len": 128, "env": "host", "platform": "",
+            "model": "mlp", "source": "", "shape": "", "variant": "eager", "knobs": "eager",
+            "mode": "train", "batch_size": 4, "image_size": 224, "seq_len": 128, "env": "host",
+            "platform": "",
             "trial": 0, "seed": 0, "warmup_steps": 3, "measured_steps": 10, "numerics_steps": 2,
             "device": "cpu", "threads": 0, "timeout_s": 1800.0, "fault": "",
             "compiler_cache": "", "compiler_cache_cold": False, "numerics_by_first_trial": False,

@@ -8,6 +8,7 @@ runs from the repository root, as `make run` does.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import subprocess
@@ -24,6 +25,7 @@ from helpers import (
     PLAN_TIMEOUT_S,
     ROOT,
     TINY_STEPS,
+    USER_MODEL_MODULE,
     job_counts,
     ok,
     planned_outputs,
@@ -197,6 +199,34 @@ def test_default_matrix_plan(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize(
+    ("config", "cells"),
+    [
+        # small-transformer x (2.0 eager, 2.14 eager, 2.14 compile) x 3 trials
+        ("user-model", {("small-transformer", "b4-s64")}),
+        # 24 torchvision models x eager and compile x 1 trial, each named as torchvision does
+        ("suite-torchvision", {(m, "b2-i64") for m in ("resnet18", "vit_b_16", "alexnet")}),
+        ("llm", {("llama", "b2-s128"), ("vit", "b4-i64")}),
+    ],
+)
+def test_the_model_source_matrices_plan(
+    tmp_path: Path, config: str, cells: set[tuple[str, str]]
+) -> None:
+    output = ok(
+        snakemake(
+            "-n", "--configfile", f"config/{config}.yaml", "--config",
+            f"results={tmp_path / 'results'}", "device=cpu",
+        )
+    )  # fmt: skip
+    planned = {
+        Path(path).relative_to(tmp_path / "results/records").parts
+        for path in planned_outputs(output)["cell"]
+    }
+    expected = {"user-model": 9, "suite-torchvision": 48, "llm": 42}[config]
+    assert len(planned) == expected
+    assert cells <= {(model, size) for _env, model, _variant, _mode, size, _trial in planned}
+
+
 def test_the_report_is_set_against_an_earlier_run_where_the_config_names_one(
     tmp_path: Path,
 ) -> None:
@@ -294,6 +324,36 @@ def test_hopper_matrix_plans_the_cuda_11_8_environment(tmp_path: Path) -> None:
     assert not results.exists()
 
 
+# --- 4b: a user's model, from a directory outside the package ------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
+def test_a_users_model_runs_through_the_workflow(tmp_path: Path) -> None:
+    """A model module written outside the package, found through model_paths: its cells run
+    (the compiled one through the numerics gate) and the report has its row."""
+    models = tmp_path / "user-models"
+    models.mkdir()
+    (models / "mymodels.py").write_text(USER_MODEL_MODULE, encoding="utf-8")
+    config = {
+        **copy.deepcopy(HOST_COMPILE),
+        "trials": 1,
+        "model_paths": [str(models)],
+        "models": {"tiny": {"source": "mymodels:tiny", "cpu": {"batch_size": 4, "seq_len": 8}}},
+    }
+    ok(snakemake("--configfile", str(write_config(tmp_path, config)), timeout=RUN_TIMEOUT_S))
+    results = tmp_path / "results"
+    runs = pd.read_csv(results / "tables/runs.csv")
+    assert set(runs.model) == {"tiny"}
+    assert (runs.status == "ok").all(), runs.reason.tolist()
+    compiled = runs.loc[runs.variant == "compile"].iloc[0]
+    assert compiled.numerics_passed, compiled.to_dict()
+    record = results / "records/host/tiny/compile/train/b4-s8/trial0.json"
+    assert json.loads(record.read_text())["cell"]["source"] == "mymodels:tiny"
+    report = (results / "report/report.md").read_text()
+    assert re.search(r"^\| tiny \| train \| 4 \|", report, re.MULTILINE), report
+
+
 # --- 5: bad configs fail before any job, naming the key -------------------------------------
 
 
@@ -314,6 +374,8 @@ def mutated(change: str) -> dict[str, Any]:
         config["environments"]["a;rm -rf"] = {"kind": "host"}
     elif change == "unknown key":
         config["bogus"] = 1
+    elif change.startswith("source "):
+        config["models"]["x"] = {"source": change.split()[1], "cpu": {"batch_size": 2}}
     return config
 
 
@@ -327,6 +389,21 @@ def mutated(change: str) -> dict[str, Any]:
         ("same sides", "comparisons.c: baseline and candidate are the same"),
         ("shell name", "environments: 'a;rm -rf' does not match"),
         ("unknown key", "Additional properties are not allowed ('bogus' was unexpected)"),
+        (
+            "source torchvision:nosuch",
+            "models.x.source: model: torchvision:nosuch is not a classification, detection or "
+            "segmentation builder of torchvision (e.g. alexnet",
+        ),
+        (
+            "source transformers:",
+            "models.x.source: model: 'transformers:' names no transformers model (accepted: "
+            "transformers:<model_type>)",
+        ),
+        (
+            "source json:missing",  # a module that is there, without the attribute
+            "models.x.source: model: json has no attribute 'missing' (accepted: a "
+            "ptspeed.models.ModelSpec, or a function returning one)",
+        ),
     ],
 )
 def test_bad_config_fails_before_any_job(tmp_path: Path, change: str, message: str) -> None:

@@ -33,7 +33,8 @@ from ptspeed.cell.variants import knobs as knobs_module
 from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.errors import BadInput, GpuRequestError, WriteFailed
 from ptspeed.launch.gpus import gpu_environment
-from ptspeed.models import REGISTRY
+from ptspeed.models import FAMILIES, REGISTRY
+from ptspeed.models.catalog import family_names
 
 EXIT_NOT_WRITTEN = 1
 EXIT_BAD_INPUT = 2
@@ -71,8 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments(cell)
     cell.add_argument("--out", type=Path, required=True, help="where the JSON record goes")
     cell.set_defaults(handler=_cell)
+    models = commands.add_parser("models", help="list the models")
+    models.add_argument(
+        "--family", choices=FAMILIES, help="list the names this family's library knows here"
+    )
+    models.set_defaults(handler=_models)
     for name, handler, text in (
-        ("models", _models, "list the models"),
         ("knobs", _knobs, "describe the variant knobs"),
         ("schema", _schema, "print the record's JSON Schema"),
     ):
@@ -192,9 +197,16 @@ def _why_no_retry(retry: CellSpec, left_s: float) -> str:
 
 
 def _models(args: argparse.Namespace) -> int:
+    if args.family:
+        names = family_names(args.family)
+        if not names:
+            raise BadInput(f"--family: {args.family} is not installed in this environment")
+        print("\n".join(f"{args.family}:{name}" for name in names))
+        return 0
     for name, entry in REGISTRY.items():
         sizes = ", ".join(f"{k} {lo}..{hi}" for k, (lo, hi) in entry.limits.items())
         print(f"{name:10} sizes: batch_size{', ' + sizes if sizes else ''}")
+    print("and torchvision:<name>, transformers:<model_type>, timm:<name>, module:attribute")
     return 0
 
 

@@ -34,7 +34,7 @@ rule cell:
         python=env_python,
         arguments=cell_arguments,
         settings=cell_settings,
-        src=Path(workflow.basedir) / "src",
+        pythonpath=CELL_PYTHONPATH,
     shell:
-        "PYTHONPATH={params.src:q} {params.python} -m ptspeed cell {params.arguments}"
+        "PYTHONPATH={params.pythonpath:q} {params.python} -m ptspeed cell {params.arguments}"
         " --out {output.record:q} > {log:q} 2>&1"

@@ -241,6 +241,11 @@ def reruns_before(attempt):
 
 
 RECORD_PATHS = [f"{RESULTS}/{cell.path}" for cell in CELLS]
+# Users' model modules (module:attribute sources) are found in model_paths, after the suite's.
+MODEL_PATHS = [Path(os.path.expanduser(p)).resolve() for p in config["model_paths"]]
+CELL_PYTHONPATH = os.pathsep.join(
+    map(str, [Path(workflow.basedir) / "src", *MODEL_PATHS])
+)
 MAX_RERUNS = config["conditions"]["reruns"]
 
 

@@ -24,7 +24,7 @@ def set_cell_apptainer_args():
     results and the sources where the working directory (Snakemake's --home) does not hold
     them; options that isolate the cells from each other are refused."""
     settings = workflow.deployment_settings
-    binds = outside(Path.cwd(), [Path(RESULTS), Path(workflow.basedir)])
+    binds = outside(Path.cwd(), [Path(RESULTS), Path(workflow.basedir), *MODEL_PATHS])
     for path in binds:
         path.mkdir(parents=True, exist_ok=True)
     try:

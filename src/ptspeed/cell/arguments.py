@@ -18,7 +18,7 @@ from typing import Any
 from ptspeed.cell.checks import DEVICES, FAULTS, MODES
 from ptspeed.cell.faults import FAULTS_VARIABLE
 from ptspeed.cell.record import CellSpec
-from ptspeed.models import REGISTRY
+from ptspeed.models import accepted_references
 
 OOM_RETRY = "--oom-retry"
 # Set by the command itself (the out-of-memory retry), never asked for.
@@ -26,7 +26,8 @@ NOT_ASKED = ("retried_from_batch_size",)
 # What the command takes for fields the spec has no default for ('' knobs: the variant's name).
 COMMAND_DEFAULTS = {"variant": "eager", "knobs": "", "mode": "train"}
 HELP = {
-    "model": f"one of: {', '.join(REGISTRY)}",
+    "model": f"a name or reference: {accepted_references()}",
+    "source": "the model's reference when --model is a name of the config's",
     "variant": "variant name (default: eager)",
     "knobs": "knob string of the variant (default: the variant name)",
     "mode": f"one of: {', '.join(MODES)}",

@@ -40,7 +40,8 @@ MAX_STEPS = 100_000
 
 def check_cell(spec: CellSpec) -> None:
     """Raise :class:`BadInput` for the first field of ``spec`` that cannot work."""
-    check_sizes(spec.model, Sizes(spec.batch_size, spec.image_size, spec.seq_len))
+    sizes = Sizes(spec.batch_size, spec.image_size, spec.seq_len)
+    check_sizes(spec.model_reference, sizes, spec.shape)
     knobs = parse_knobs(spec.knobs)
     _one_of("mode", spec.mode, MODES)
     if not (spec.device in DEVICES or re.fullmatch(r"cuda:[0-9]+", spec.device)):

@@ -59,7 +59,7 @@ from ptspeed.cell.steps import (
 from ptspeed.cell.variants import compiler
 from ptspeed.cell.variants.knobs import Knobs, parse_knobs, unsupported_for_model
 from ptspeed.errors import Unsupported
-from ptspeed.models import Batch, ModelSpec, Sizes, get_model
+from ptspeed.models import Batch, ModelSpec, Sizes, check_spec_sizes, get_model
 
 WRONG_OUTPUT_SCALE = 1.1
 OUTPUT_FAULTS = ("numerics", "late")  # faults that change a step's returned value
@@ -174,7 +174,7 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     if no_code:
         raise Unsupported(no_code)
     knobs = parse_knobs(spec.knobs)
-    model_spec = get_model(spec.model)
+    model_spec = get_model(spec.model_reference, spec.shape)
     versions = torch_version(), python_version()
     reason = unsupported_for_model(knobs, device.type, *versions, model_spec)
     if reason:
@@ -183,6 +183,7 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     note_backend_settings(record.provenance, torch, device)  # what the cell ran with
     cache = use_compiler_cache(spec, knobs)
     sizes = Sizes(spec.batch_size, spec.image_size, spec.seq_len)
+    check_spec_sizes(model_spec, sizes)
     host_batch = model_spec.make_batch(sizes, torch.Generator().manual_seed(spec.seed))
     model = build_model(model_spec, sizes, spec.seed, device, knobs.attn)
     prepare_device(device)

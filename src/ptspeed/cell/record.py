@@ -41,11 +41,24 @@ def _doc(text: str, default: Any = dataclasses.MISSING) -> Any:
 class CellSpec:
     """What was asked for: one point of the benchmark matrix."""
 
-    model: str = _doc("Model name from the registry, e.g. 'resnet50'.")
+    model: str = _doc(
+        "The model's name: a zoo name ('resnet50'), a configured name ('llama-small'), or a "
+        "reference as source takes it."
+    )
     variant: str = _doc("Variant name as configured, e.g. 'compile'.")
     knobs: str = _doc("The knob string the variant stands for, e.g. 'compile+amp=bf16'.")
     mode: str = _doc("'train' (forward, backward, optimizer step) or 'infer' (forward only).")
     batch_size: int = _doc("Samples per step.")
+    source: str = _doc(
+        "Where the model comes from when model is a configured name: torchvision:<name>, "
+        "transformers:<model_type>, timm:<name> or module:attribute; '' when model says.",
+        "",
+    )
+    shape: str = _doc(
+        "A transformers model's shape, e.g. 'layers=2,hidden=128,heads=2,vocab=1000'; '' for "
+        "its config's defaults.",
+        "",
+    )
     image_size: int = _doc("Image side in pixels (image models).", DEFAULT_IMAGE_SIZE)
     seq_len: int = _doc("Sequence length in tokens (text models).", DEFAULT_SEQ_LEN)
     env: str = _doc("Name of the PyTorch environment the cell ran in.", "host")
@@ -97,6 +110,11 @@ class CellSpec:
         "half of it (config oom_retry); null when not retried.",
         None,
     )
+
+    @property
+    def model_reference(self) -> str:
+        """What names the model to :func:`ptspeed.models.get_model`."""
+        return self.source or self.model
 
 
 @dataclass

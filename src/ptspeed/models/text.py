@@ -20,6 +20,8 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import functools
 import importlib
 import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import transformers
@@ -68,18 +70,24 @@ def _build(
     sizes: Sizes,
     attn: str | None = None,
 ) -> nn.Module:
-    """transformers' ``model_class`` with ``config_class``'s defaults changed by ``fields`` and
-    ``attn`` attention (None: transformers' default); Unsupported, with transformers' reason,
-    where this transformers and torch cannot build it. The classes are named, not imported,
-    so that transformers loads a model's code only when one is built."""
-    model_type, config_type = (
-        getattr(transformers, model_class),
-        getattr(transformers, config_class),
-    )
+    """transformers' ``model_class`` with ``config_class``'s defaults changed by ``fields``. The
+    classes are named, not imported, so that transformers loads a model's code only when one
+    is built."""
+    config_type = getattr(transformers, config_class)
+    return build_with_attention(model_class, lambda **extra: config_type(**fields, **extra), attn)
+
+
+def build_with_attention(
+    model_class: str, make_config: Callable[..., Any], attn: str | None
+) -> nn.Module:
+    """transformers' ``model_class`` of the config ``make_config(**extra)`` makes, with ``attn``
+    attention (None: transformers' default); Unsupported, with transformers' reason, where this
+    transformers and torch cannot build it."""
+    model_type = getattr(transformers, model_class)
     if attn is None:
-        return model_type(config_type(**fields))
+        return model_type(make_config())
     try:
-        model = model_type(config_type(**fields, attn_implementation=attn))
+        model = model_type(make_config(attn_implementation=attn))
     except (ImportError, ValueError) as exc:
         what = f"attn={attn} in transformers {transformers.__version__}"
         raise Unsupported.because(what, exc) from exc
@@ -97,19 +105,20 @@ def attention_implementation(model: nn.Module) -> str:
     return getattr(model.config, "_attn_implementation", None) or "eager"
 
 
-def _masked_lm_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
+def masked_lm_batch(vocab: int, sizes: Sizes, generator: torch.Generator) -> Batch:
+    """Tokens of a ``vocab``-word vocabulary, MASKED_FRACTION of them (and the first of each
+    sequence) to predict."""
     shape = (sizes.batch_size, sizes.seq_len)
-    tokens = torch.randint(0, transformers.BertConfig().vocab_size, shape, generator=generator)
+    tokens = torch.randint(0, vocab, shape, generator=generator)
     masked = torch.rand(shape, generator=generator) < MASKED_FRACTION
     masked[:, 0] = True  # every sequence contributes to the loss
     labels = torch.where(masked, tokens, torch.full_like(tokens, IGNORED_LABEL))
     return {"input_ids": tokens, "labels": labels}
 
 
-def _causal_lm_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
+def causal_lm_batch(vocab: int, sizes: Sizes, generator: torch.Generator) -> Batch:
     shape = (sizes.batch_size, sizes.seq_len)
-    tokens = torch.randint(0, transformers.GPT2Config().vocab_size, shape, generator=generator)
-    return {"input_ids": tokens}
+    return {"input_ids": torch.randint(0, vocab, shape, generator=generator)}
 
 
 def _masked_lm_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -168,7 +177,7 @@ def _bert_spec(name: str, description: str, **fields: int) -> ModelSpec:
         name=name,
         description=description,
         build=functools.partial(_build, "BertForMaskedLM", "BertConfig", fields),
-        make_batch=_masked_lm_batch,
+        make_batch=functools.partial(masked_lm_batch, transformers.BertConfig().vocab_size),
         loss=lambda model, batch: model(input_ids=batch["input_ids"], labels=batch["labels"]).loss,
         infer=lambda model, batch: model(input_ids=batch["input_ids"]).logits,
         blocks=("BertLayer",),
@@ -183,7 +192,7 @@ def _gpt2_spec(name: str, description: str, **fields: int) -> ModelSpec:
         name=name,
         description=description,
         build=functools.partial(_build, "GPT2LMHeadModel", "GPT2Config", fields),
-        make_batch=_causal_lm_batch,
+        make_batch=functools.partial(causal_lm_batch, transformers.GPT2Config().vocab_size),
         loss=lambda model, batch: (
             model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
         ),

@@ -21,7 +21,7 @@ def _resnet50(sizes: Sizes) -> nn.Module:
     return torchvision.models.resnet50(weights=None, num_classes=IMAGENET_CLASSES)
 
 
-def _image_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+def image_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return functional.cross_entropy(logits, batch["labels"])
 
 
@@ -46,7 +46,7 @@ def _call(module: nn.Module) -> Callable[[Any, Batch], Any]:
     return lambda x, batch: module(x)
 
 
-def _image_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
+def image_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
     side = sizes.image_size
     return {
         "images": torch.randn(sizes.batch_size, 3, side, side, generator=generator),
@@ -66,7 +66,7 @@ def _mask_rcnn(sizes: Sizes) -> nn.Module:
     )
 
 
-def _detection_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
+def detection_batch(sizes: Sizes, generator: torch.Generator) -> Batch:
     """Images with BOXES_PER_IMAGE random boxes each, their labels and filled box masks."""
     n, side = sizes.batch_size, sizes.image_size
     corners = torch.rand(n, BOXES_PER_IMAGE, 2, 2, generator=generator) * (side - 1)
@@ -94,12 +94,12 @@ def _detection_targets(batch: Batch) -> list[dict[str, torch.Tensor]]:
     ]
 
 
-def _mask_rcnn_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+def detection_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     losses = _unscripted(model(list(batch["images"]), _detection_targets(batch)), 0)
     return sum(losses.values())
 
 
-def _mask_rcnn_infer(model: nn.Module, batch: Batch) -> list[dict[str, torch.Tensor]]:
+def detection_infer(model: nn.Module, batch: Batch) -> list[dict[str, torch.Tensor]]:
     return _unscripted(model(list(batch["images"])), 1)
 
 
@@ -114,20 +114,20 @@ SPECS = {
         name="resnet50",
         description="torchvision ResNet-50, 1000 classes, random weights",
         build=_resnet50,
-        make_batch=_image_batch,
-        loss=lambda model, batch: _image_loss(model(batch["images"]), batch),
+        make_batch=image_batch,
+        loss=lambda model, batch: image_loss(model(batch["images"]), batch),
         infer=lambda model, batch: model(batch["images"]),
         image_model=True,
         blocks=("Bottleneck",),
-        layering=Layering(_resnet_layers, _image_loss),
+        layering=Layering(_resnet_layers, image_loss),
     ),
     "mask-rcnn": ModelSpec(
         name="mask-rcnn",
         description="torchvision Mask R-CNN ResNet-50 FPN, 91 classes, synthetic boxes and masks",
         build=_mask_rcnn,
-        make_batch=_detection_batch,
-        loss=_mask_rcnn_loss,
-        infer=_mask_rcnn_infer,
+        make_batch=detection_batch,
+        loss=detection_loss,
+        infer=detection_infer,
         image_model=True,
         ragged_output=True,
         blocks=("Bottleneck",),

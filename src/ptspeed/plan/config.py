@@ -11,12 +11,15 @@ Snakemake's ``config``. It checks, in this order, and stops at the first problem
 4. the paths: ``results`` and ``env_cache`` stay inside the project or go to an absolute
    directory that is not the system's, requirement lock files exist under ``envs/``;
 5. the cross-references of :func:`ptspeed.plan.matrix.check_config` (models, knobs, comparisons,
-   steps, and every cell against the cell command's own check) and each comparison's
-   ``claim`` against the groups of ``config/claims.yaml``.
+   steps, and every cell against the cell command's own check; a suite's members are models
+   by then: :mod:`ptspeed.plan.suites`) and each comparison's ``claim`` against the groups of
+   ``config/claims.yaml``.
 
 Every problem is a :class:`ConfigError` whose message is one line naming the key, e.g.
 ``models.mlp.cpu.batch_size: -1 is less than the minimum of 1``. Nothing here evaluates a config
-value: values are compared and matched, never run.
+value: values are compared and matched, never run. The one exception is a model's
+``module:attribute`` source: the module is imported (its attribute looked up, not called) where
+it can be found, as every cell of it will import it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ptspeed.errors import ConfigError, InputError
 from ptspeed.plan.layout import runs_csv_of
 from ptspeed.plan.matrix import check_config
 from ptspeed.plan.schema import PROJECT_DIR, SCHEMA_PATH, fill_defaults, load_schema
+from ptspeed.plan.suites import expand_suites
 
 __all__ = ["effective_config_json", "prepare_config", "schema_errors"]
 
@@ -95,6 +99,7 @@ def prepare_config(
     _check_paths(raw, project)
     device_class = detect_device_class(raw["device"])
     try:
+        expand_suites(raw)
         check_config(raw, device_class)
         _check_claims(raw, project / CLAIMS_FILE)
     except ConfigError as exc:
@@ -273,6 +278,9 @@ def _check_paths(config: Mapping[str, Any], project: Path) -> None:
         except InputError as error:
             raise ConfigError(f"compare.earlier: {error}") from None
     _check_output_directory("env_cache", os.path.expanduser(config["env_cache"]), project)
+    for index, directory in enumerate(config["model_paths"]):
+        if not (project / os.path.expanduser(directory)).is_dir():
+            raise ConfigError(f"model_paths[{index}]: {directory} is not a directory")
     for name, env in config["environments"].items():
         requirements = env.get("requirements")
         if env["kind"] == "venv" and requirements and not (project / requirements).is_file():

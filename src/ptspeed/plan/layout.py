@@ -161,14 +161,25 @@ def configured_sizes(
     """The sizes ``config`` sets for ``model`` on ``device_class``, those it leaves out at
     their defaults; None when it sets none. A model's sizes are a table per device class, or
     one table for all."""
+    entry = configured_table(config, model, device_class)
+    if entry is None:
+        return None
+    defaults = {key: entry.get(key, default) for key, default in DEFAULT_SIZES.items()}
+    return {"batch_size": entry["batch_size"], **defaults}
+
+
+def configured_table(
+    config: Mapping[str, Any], model: Any, device_class: Any
+) -> Mapping[str, Any] | None:
+    """The sizes table ``config`` gives ``model`` on ``device_class`` as written (a transformers
+    model's ``shape`` included); None when it gives none."""
     models = config.get("models")
     entry = models.get(model) if isinstance(models, Mapping) else None
     if isinstance(entry, Mapping) and "batch_size" not in entry:
         entry = entry.get(device_class)
     if not isinstance(entry, Mapping) or "batch_size" not in entry:
         return None
-    defaults = {key: entry.get(key, default) for key, default in DEFAULT_SIZES.items()}
-    return {"batch_size": entry["batch_size"], **defaults}
+    return entry
 
 
 def wildcard_constraints(

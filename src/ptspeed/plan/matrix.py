@@ -2,7 +2,7 @@
 
 The JSON Schema (workflow/schemas/config.schema.yaml) checks shapes and fills defaults;
 this module checks what a schema cannot: cross-references (a comparison naming an
-environment or variant that does not exist), model names against the registry, knob
+environment or variant that does not exist), models against the zoo or their sources, knob
 strings, and sizes against each model's limits. Every problem is one line naming the key.
 """
 
@@ -19,8 +19,17 @@ from ptspeed.cell.checks import check_cell
 from ptspeed.cell.record import CellSpec
 from ptspeed.cell.variants.knobs import parse_knobs
 from ptspeed.errors import BadInput, ConfigError
-from ptspeed.models import REGISTRY, Sizes, check_sizes
-from ptspeed.plan.layout import Cell, configured_sizes, size_label
+from ptspeed.models import (
+    REGISTRY,
+    Sizes,
+    accepted_references,
+    check_sizes,
+    parse_reference,
+    shape_text,
+    sizes_used,
+)
+from ptspeed.models.catalog import check_known
+from ptspeed.plan.layout import Cell, configured_sizes, configured_table, size_label
 from ptspeed.plan.platforms import configured_platforms
 
 MINUTES_OF_SLACK = 5
@@ -37,11 +46,16 @@ def model_sizes(config: Mapping[str, Any], model: str, device_class: str) -> Siz
 def check_config(config: Mapping[str, Any], device_class: str) -> None:
     """Raise :class:`ConfigError` for the first cross-reference or value that cannot work."""
     environments, variants = config["environments"], config["variants"]
+    if not config["models"]:
+        raise ConfigError("models: none given (name models, or suites of them)")
     for model in config["models"]:
-        if model not in REGISTRY:
-            raise ConfigError(f"models.{model}: unknown model (accepted: {', '.join(REGISTRY)})")
+        _check_model(config, model)
         try:
-            check_sizes(model, model_sizes(config, model, device_class))
+            check_sizes(
+                model_reference(config, model),
+                model_sizes(config, model, device_class),
+                model_shape(config, model, device_class),
+            )
         except BadInput as exc:
             raise ConfigError(f"models.{model}.{device_class}.{exc}") from None
     for name, knobs in variants.items():
@@ -66,6 +80,34 @@ def check_config(config: Mapping[str, Any], device_class: str) -> None:
             raise ConfigError(f"comparisons.{name}: baseline and candidate are the same")
     _check_environments(environments)
     _check_every_cell_runs(config, device_class)
+
+
+def _check_model(config: Mapping[str, Any], model: str) -> None:
+    """A zoo name, or a source that names something (where it can be looked up here: the
+    family's library, the user's module in ``model_paths``)."""
+    source = config["models"][model].get("source", "")
+    if not source and model not in REGISTRY:
+        raise ConfigError(
+            f"models.{model}: unknown model (accepted: {accepted_references()}, the last four "
+            "as a source of a name of your own)"
+        )
+    if not source:
+        return
+    try:
+        check_known(parse_reference(source), config.get("model_paths", ()))
+    except BadInput as exc:
+        raise ConfigError(f"models.{model}.source: {exc}") from None
+
+
+def model_reference(config: Mapping[str, Any], model: str) -> str:
+    """What names ``model`` to :func:`ptspeed.models.get_model`: its source, else its name."""
+    return str(config["models"][model].get("source") or model)
+
+
+def model_shape(config: Mapping[str, Any], model: str, device_class: str) -> str:
+    """The cell command's ``--shape`` of ``model`` on ``device_class`` ('' for none)."""
+    table = configured_table(config, model, device_class) or {}
+    return shape_text(table.get("shape", {}))
 
 
 def _check_every_cell_runs(config: Mapping[str, Any], device_class: str) -> None:
@@ -93,6 +135,8 @@ def cell_spec(
     compiles = variant_compiles(config, cell.variant)
     return CellSpec(
         model=cell.model,
+        source=config["models"][cell.model].get("source", ""),
+        shape=model_shape(config, cell.model, device_class),
         variant=cell.variant,
         knobs=config["variants"][cell.variant],
         mode=cell.mode,
@@ -178,7 +222,8 @@ def cells(
         for platform in platforms:
             for model in config["models"]:
                 sizes = asdict(model_sizes(config, model, device_class))
-                size = size_label(sizes, REGISTRY[model].uses)
+                table = configured_table(config, model, device_class) or {}
+                size = size_label(sizes, sizes_used(model, table))
                 for mode in config["modes"]:
                     for env, variant in pairs:
                         if (platform, env) not in cannot_run:

@@ -18,7 +18,7 @@ from ptspeed.render.breakdown import PROFILING_METHOD
 from ptspeed.render.comparison import rule_sentence
 from ptspeed.render.formatting import BLANK, format_int, format_text, is_blank, plural
 from ptspeed.render.page import Block, ReportInputs, Section
-from ptspeed.render.tables import COMPILER_HEADER, Column, Row, Table, given
+from ptspeed.render.tables import COMPILER_HEADER, Column, Row, Table, given, text
 
 # The first column of the environments and method tables: what each row gives.
 SETTING = Column("", given("name"))
@@ -70,8 +70,29 @@ def environments_section(inputs: ReportInputs) -> Section:
         blocks=[
             *platform_blocks(inputs.config, recorded),
             Block(table=Table.of(columns, records if groups else [])),
+            *source_blocks(recorded),
         ],
     )
+
+
+SOURCE_TABLE = [
+    Column("model", text("model")),
+    Column("source", text("source")),
+    Column("shape", text("shape"), wrap=True),
+]
+
+
+def source_blocks(recorded: pd.DataFrame) -> list[Block]:
+    """Where each model not of ptspeed's zoo came from, and the shape it was built at, as its
+    records say (none for a run of the zoo's models alone)."""
+    if recorded.empty or not {"source", "shape"} <= set(recorded.columns):
+        return []
+    sourced = recorded[~recorded["source"].map(is_blank).astype(bool)]
+    rows = sourced[["model", "source", "shape"]].drop_duplicates().to_dict("records")
+    if not rows:
+        return []
+    note = "Built from their libraries' code with random weights, or from the user's module."
+    return [Block(heading="Models by source", note=note, table=Table.of(SOURCE_TABLE, rows))]
 
 
 def platform_blocks(config: Mapping[str, Any], recorded: pd.DataFrame) -> list[Block]:

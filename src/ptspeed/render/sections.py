@@ -20,6 +20,7 @@ from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
 from ptspeed.analysis.compare import AA_SPREAD, Rule, compare_runs, defaults_of, machine_changes
 from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.nodes import comparison_nodes
+from ptspeed.analysis.suites import suite_figures, suite_members
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
 from ptspeed.render.breakdown import comparison_chart, version_blocks, why_column
@@ -53,6 +54,7 @@ from ptspeed.render.tables import (
     PERTURBED_TABLE,
     RETRIED_TABLE,
     SEED_TABLE,
+    SUITE_TABLE,
     SUMMARY_TABLE,
     Column,
     Table,
@@ -428,8 +430,31 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
     return Block(table=table, heading="Perturbed trials", note=note)
 
 
+def suites_section(inputs: ReportInputs) -> Section | None:
+    """Per suite, comparison and platform: the dynamo dashboard's figures (none without a
+    suite in the config)."""
+    if not suite_members(inputs.config):
+        return None
+    figures = suite_figures(inputs.speedups, inputs.summary, inputs.runs, inputs.config)
+    return Section(
+        id="suites",
+        title="Suites",
+        intro=(
+            "Per suite of models, comparison and platform, as PyTorch's compile dashboard sums "
+            "up its suites: the models whose both sides ran ok (ran, and passed the numerics "
+            "gate); the geometric mean of their speedups, with a 95% interval from a bootstrap "
+            "over the models (how much the figure rests on which models the suite holds); the "
+            "candidate's median compile time; its peak memory over the baseline's (geometric "
+            "mean over models); and every record that was not ok, counted by reason. Each "
+            "model's own speedup, with its interval, is in the first section."
+        ),
+        blocks=[Block(table=Table.of(SUITE_TABLE, figures.to_dict("records")))],
+    )
+
+
 SECTION_BUILDERS: list[Callable[[ReportInputs], Section | None]] = [
     seed_section,
+    suites_section,
     claims_section,
     earlier_section,
     versions_section,

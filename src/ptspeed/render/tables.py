@@ -315,6 +315,34 @@ ENERGY_RATIO_TABLE = [
     Column("energy / sample, candidate ÷ baseline", _energy_ratio, align="right"),
 ]
 
+# --- suites --------------------------------------------------------------------------------------
+
+
+def _pass_rate(row: Row) -> str:
+    return f"{format_fraction_as_percent(row['pass_rate'])} ({row['passed']} of {row['models']})"
+
+
+def _geomean(row: Row) -> str:
+    return format_speedup_interval(row["geomean_speedup"], row["geomean_low"], row["geomean_high"])
+
+
+def _memory_ratio(row: Row) -> str:
+    ratio = row["memory_ratio"]
+    return BLANK if is_blank(ratio) else f"×{float(ratio):.2f}"
+
+
+SUITE_TABLE = [
+    Column("suite", text("suite")),
+    Column("comparison", text("title")),
+    Column("platform", text("platform")),
+    Column("mode", text("mode")),
+    Column("pass rate", _pass_rate, align="right"),
+    Column("geometric-mean speedup", _geomean, align="right"),
+    Column("median compile time", lambda row: format_seconds(row["median_compile_time_s"])),
+    Column("memory, candidate ÷ baseline", _memory_ratio, align="right"),
+    Column("failures by reason", text("failures"), wrap=True),
+]
+
 # --- failures, retried and noisy cells -----------------------------------------------------------
 
 

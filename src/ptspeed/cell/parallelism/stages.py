@@ -122,7 +122,7 @@ class StageRank(Rank):
     def from_environment(cls, spec: CellSpec) -> StageRank:
         placement = super().from_environment(spec)
         assert isinstance(placement, StageRank)
-        placement.model_spec = get_model(spec.model)
+        placement.model_spec = get_model(spec.model_reference, spec.shape)
         return placement
 
     @property
