@@ -27,6 +27,7 @@ from ptspeed.analysis.compare import (
     verdict_line,
 )
 from ptspeed.analysis.conditions import settings
+from ptspeed.analysis.reruns import stopped_sentence
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
 from ptspeed.render.breakdown import comparison_chart, version_blocks, why_column
@@ -417,6 +418,8 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
         f"{int(flagged.sum())} of {judged} judged ok trials ran perturbed, {fate}; "
         f"{plural(reruns, 'rerun')} (rerun of: the configured trial it repeats)."
     )
+    stopped = stopped_sentence(runs, config)
+    note += f" {stopped}" if stopped else ""
     table = Table.of(PERTURBED_TABLE, runs[flagged].to_dict("records"))
     return Block(table=table, heading="Perturbed trials", note=note)
 
