@@ -361,7 +361,7 @@ def test_a_rerun_perturbed_again_by_the_same_rule_is_not_run_again_and_said_once
     sentence = stopped_sentence(runs, config)
     assert sentence.startswith(
         "1 rerun was perturbed again by the rule that flagged the trial it repeated "
-        "(other processes (1)) and not run again"
+        "(other processes: 1) and not run again"
     )
     assert stopped_sentence(judged_trials(1, trials=4), config) == ""
 

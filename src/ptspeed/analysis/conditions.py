@@ -406,12 +406,6 @@ def probe_norms(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], ProbeNorm]:
     return norms
 
 
-def typical_probe_s(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], float]:
-    """The median probe of the run's ok trials per :func:`probe_group` (both ends of each),
-    where at least :data:`MIN_PROBED_TRIALS` probed."""
-    return {group: norm.median_s for group, norm in probe_norms(rows).items()}
-
-
 def _probe_off(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
     """Both ends off the like probes' median beyond the tolerance, in the same direction."""
     norm = thresholds.get("_probe_norms", {}).get(probe_group(row))

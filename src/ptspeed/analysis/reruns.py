@@ -93,7 +93,7 @@ def stopped_sentence(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> st
     for _, _, kinds in stopped:
         for kind in kinds:
             counts[kind] = counts.get(kind, 0) + 1
-    rules = ", ".join(f"{kind} ({n})" for kind, n in counts.items())
+    rules = ", ".join(f"{kind}: {n}" for kind, n in counts.items())
     return (
         f"{len(stopped)} rerun{'s were' if len(stopped) != 1 else ' was'} perturbed again by the "
         f"rule that flagged the trial {'they' if len(stopped) != 1 else 'it'} repeated ({rules}) "
