@@ -6,6 +6,10 @@
 Every listed path becomes a runs row: a path with no file is a ``missing`` row, a file that is
 not a record an ``unreadable`` one, a record of another cell than the config asks for at its
 path (an older config, a copied file) a ``stale`` one, each with a reason naming the path.
+
+A comparison a side of which counted no trial (none ok, or all judged perturbed) is a row
+"not measured" with the reason; the other rows and every table are still written, and one
+line on stderr names what was not measured (the workflow's aggregate rule shows it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import pandas as pd
 
 from ptspeed.analysis.aggregate import load_tables, read_mapping, records_listed_in
+from ptspeed.analysis.claims import empty_sides
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.files import write_atomic
@@ -38,6 +43,18 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
     write_atomic(path, frame.to_csv(index=False))
 
 
+def not_measured_line(comparisons: pd.DataFrame) -> str:
+    """One line naming the speedups a side of which counted no trial ('' where none)."""
+    empty = [text for row in comparisons.to_dict("records") if (text := empty_sides(row))]
+    if not empty:
+        return ""
+    why = "; ".join(dict.fromkeys(part for text in empty for part in text.split("; ")))
+    return (
+        f"warning: {len(empty)} of {len(comparisons)} speedups not measured, a side without "
+        f"counted trials ({why}); the tables and the report are written without them"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -54,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(steps, out_dir / "steps.csv")
         write_csv(summary, out_dir / "summary.csv")
         write_csv(comparisons, out_dir / "speedups.csv")
+        warning = not_measured_line(comparisons)
+        if warning:
+            print(warning, file=sys.stderr)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

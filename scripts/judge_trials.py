@@ -2,9 +2,12 @@
 
     python scripts/judge_trials.py --config CONFIG --attempt 0 --records R... --out reruns.json
 
-Judges every given record as aggregation does (ptspeed.analysis.conditions) and writes
-``{"attempt": A, "reruns": [...]}``: the record paths, relative to the results directory, of
-the reruns of round A's perturbed trials (none once A reaches conditions.reruns).
+Judges every given record as aggregation does (ptspeed.analysis.conditions: round A against
+the run's median trial of rounds 0 .. A, the records given; the final tables judge it so too)
+and writes ``{"attempt": A, "reruns": [...], "stopped": [...]}``: the record paths, relative
+to the results directory, of the reruns of round A's perturbed trials (none once A reaches
+conditions.reruns), and the trials not run again because the rule that flagged them had
+flagged the attempt they repeat too (ptspeed.analysis.reruns.stopped_reruns).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ptspeed.analysis.aggregate import load_tables, read_mapping
-from ptspeed.analysis.reruns import reruns_due
+from ptspeed.analysis.reruns import attempt_of, reruns_due, stopped_reruns
 from ptspeed.cell.files import write_atomic
 
 
@@ -36,11 +39,23 @@ def main(argv: list[str] | None = None) -> int:
         config = read_mapping(args.config)
         runs, _ = load_tables(args.records, config)
         due = [cell.path for cell in reruns_due(runs, config, args.attempt)]
-        write_atomic(args.out, json.dumps({"attempt": args.attempt, "reruns": due}, indent=1))
+        stopped = [
+            f"{key} trial {trial}: {', '.join(kinds)}"
+            for key, trial, kinds in stopped_reruns(runs, config)
+            if attempt_of(trial, int(config["trials"])) == args.attempt
+        ]
+        answer = {"attempt": args.attempt, "reruns": due, "stopped": stopped}
+        write_atomic(args.out, json.dumps(answer, indent=1))
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"round {args.attempt}: {len(due)} perturbed trial(s) to run again", file=sys.stderr)
+    if stopped:
+        print(
+            f"round {args.attempt}: {len(stopped)} rerun(s) perturbed again by the same rule, "
+            f"not run again: {'; '.join(stopped)}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -32,7 +32,14 @@ from ptspeed.analysis.conditions import (
     perturbed_counts,
     settings,
 )
-from ptspeed.analysis.reruns import rerun_columns, rerun_count, reruns_due, trial_limit
+from ptspeed.analysis.reruns import (
+    rerun_columns,
+    rerun_count,
+    reruns_due,
+    stopped_reruns,
+    stopped_sentence,
+    trial_limit,
+)
 from ptspeed.cell.faults import FAULTS_VARIABLE, NEIGHBOUR
 from ptspeed.cell.measurement import conditions
 from ptspeed.cell.record import Conditions
@@ -286,7 +293,29 @@ def test_a_cells_counts_name_each_rule_once_with_its_trials() -> None:
 def test_the_report_says_so_at_the_top_when_most_trials_were_perturbed() -> None:
     assert mostly_perturbed(judged({}, {}, {"other_cpu_s": 3.7})) == ""
     sentence = mostly_perturbed(judged({}, {"other_cpu_s": 3.7}, {"other_cpu_s": 3.7}))
-    assert sentence.startswith("Most trials of this run were perturbed (2 of 3 judged trials")
+    assert sentence.startswith(
+        "Most trials of this run were perturbed: 2 of 3 judged trials, 2 by other processes "
+        "(other processes used their CPUs)"
+    )
+
+
+def test_the_banner_names_the_rule_that_flagged_the_trials() -> None:
+    """Issue 36: the probe flagged 90 of 104 trials and the banner blamed other processes."""
+    ends = [
+        f"probe_cpu_{part}_s_{end}" for part in ("gemm", "memory") for end in ("before", "after")
+    ]
+    probed = dict.fromkeys(ends, 0.02)
+    slow = {key: 0.05 for key in probed}
+    runs = judged(*([probed] * 4), *([{**probed, **slow}] * 2), {"amp_skipped_steps": 1},
+                  *([{"gpu_other_processes": 1}] * 3))  # fmt: skip
+    sentence = mostly_perturbed(runs)
+    assert "6 of 10 judged trials" in sentence, sentence
+    assert (
+        "2 by machine-speed probe (their machine-speed probe was off its like probes' " in sentence
+    )
+    assert "1 by GradScaler (GradScaler skipped optimizer steps in their window)" in sentence
+    assert "3 by other processes on its GPU" in sentence
+    assert "used their CPUs" not in sentence
 
 
 # --- reruns ---------------------------------------------------------------------------------------
@@ -294,11 +323,14 @@ def test_the_report_says_so_at_the_top_when_most_trials_were_perturbed() -> None
 CELL_DIR = "records/host/mlp/eager/train/b32"
 
 
-def judged_trials(*perturbed_trials: int, trials: int = 8) -> pd.DataFrame:
-    """Judged runs of trials 0 .. trials-1 of one cell, those named perturbed."""
+def judged_trials(
+    *perturbed_trials: int, trials: int = 8, also: dict[int, dict[str, Any]] | None = None
+) -> pd.DataFrame:
+    """Judged runs of trials 0 .. trials-1 of one cell, those named perturbed by other
+    processes, those in ``also`` by what it gives them."""
     rows = [
         {"record_path": f"results/{CELL_DIR}/trial{t}.json", "trial": t,
-         **({"other_cpu_s": 3.8} if t in perturbed_trials else {})}
+         **({"other_cpu_s": 3.8} if t in perturbed_trials else {}), **(also or {}).get(t, {})}
         for t in range(trials)
     ]  # fmt: skip
     return judged(*rows)
@@ -306,13 +338,32 @@ def judged_trials(*perturbed_trials: int, trials: int = 8) -> pd.DataFrame:
 
 def test_each_perturbed_trial_of_a_round_is_run_again_as_the_next_rounds_trial() -> None:
     config = {"trials": 3, "conditions": {"reruns": 2}}
-    runs = judged_trials(1, 2, 4, trials=6)  # round 0: trials 0-2; round 1: 3-5
+    # round 0: trials 0-2; round 1: 3-5 (trial 4 = trial 1's rerun, perturbed by another rule)
+    runs = judged_trials(1, 2, trials=6, also={4: {"gpu_other_processes": 2}})
     assert [c.path for c in reruns_due(runs, config, 0)] == [
         f"{CELL_DIR}/trial4.json",
         f"{CELL_DIR}/trial5.json",
     ]
-    assert [c.trial for c in reruns_due(runs, config, 1)] == [7]  # trial 4 = trial 1's rerun
+    assert [c.trial for c in reruns_due(runs, config, 1)] == [7]
     assert reruns_due(runs, config, 2) == []  # its reruns used up
+    assert stopped_reruns(runs, config) == []
+
+
+def test_a_rerun_perturbed_again_by_the_same_rule_is_not_run_again_and_said_once() -> None:
+    """The rule, not the machine: issue 36's probe flagged every torch-1.13 trial however
+    often it ran."""
+    config = {"trials": 3, "conditions": {"reruns": 2}}
+    runs = judged_trials(1, 2, 4, trials=6)  # trial 4 (trial 1's rerun): the same rule again
+    assert reruns_due(runs, config, 1) == []
+    assert stopped_reruns(runs, config) == [
+        (CELL_DIR.removeprefix("records/"), 4, ["other processes"])
+    ]
+    sentence = stopped_sentence(runs, config)
+    assert sentence.startswith(
+        "1 rerun was perturbed again by the rule that flagged the trial it repeated "
+        "(other processes: 1) and not run again"
+    )
+    assert stopped_sentence(judged_trials(1, trials=4), config) == ""
 
 
 def test_no_reruns_when_the_config_says_none() -> None:

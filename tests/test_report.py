@@ -31,6 +31,7 @@ from helpers import (
     render_tables,
 )
 
+from ptspeed.analysis import ranks
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.columns import (
     MISSING_REASON,
@@ -39,9 +40,11 @@ from ptspeed.analysis.columns import (
     SUMMARY_COLUMNS,
     read_table,
 )
+from ptspeed.analysis.conditions import MIN_PROBED_TRIALS, PROBE_SPREAD, PROBE_SPREAD_MULTIPLIER
 from ptspeed.analysis.late_numerics import LATE_TOLERANCES
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import summary_table
+from ptspeed.cell.measurement import probe_work
 from ptspeed.cell.measurement.numerics import TOLERANCES
 from ptspeed.cell.record import write_record
 from ptspeed.render import figures
@@ -583,6 +586,49 @@ def test_method_section_says_what_three_trials_cannot_do() -> None:
     assert configured["significance"].endswith(
         "p cannot fall below 2 / C(6, 3) = 0.1, so no difference can be significant"
     )
+
+
+def method_rows(config: dict[str, Any]) -> dict[str, str]:
+    frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
+    sections = build_sections(ReportInputs(*frames, config, CLAIMS))
+    [method] = [s for s in sections if s.id == "method"]
+    return {row[0]: row[1] for row in method.blocks[0].table.rows}
+
+
+def test_method_states_every_rule_with_the_thresholds_the_code_uses() -> None:
+    """Issue 36: the steal, probe and GradScaler rules were missing; each is stated with the
+    run's threshold (a changed threshold changes the text) and the probe's default with the
+    spread it was set from (PROBE_SPREAD, measured)."""
+    rules = method_rows({**CONFIG, "trials": 5})["perturbed trials"]
+    assert "the hypervisor took more than 2.0% of its CPUs' time (steal" in rules
+    assert "GradScaler skipped optimizer steps inside the window" in rules
+    assert f"each trial times a fixed work ({probe_work.WORK})" in rules
+    assert "both ends lie more than 15% off the median of its like probes" in rules
+    assert "the same environment and build, platform, device and threads" in rules
+    assert f"at least {MIN_PROBED_TRIALS} trials probed), or {PROBE_SPREAD_MULTIPLIER:g} ×" in rules
+    assert (
+        f"the ends of {PROBE_SPREAD.trials} trials' probes lay within ±"
+        f"{PROBE_SPREAD.largest:.0%} of their median (robust spread {PROBE_SPREAD.spread:.1%}); "
+        f"the default, 15%, is {0.15 / PROBE_SPREAD.largest:.1f} times that"
+    ) in rules
+    assert "unless every rule that flagged it also flagged the attempt it repeats" in rules
+    strict = {"max_probe_deviation": 0.3, "max_steal_share": 0.005, "reruns": 1}
+    changed = method_rows({**CONFIG, "conditions": strict})["perturbed trials"]
+    assert "both ends lie more than 30% off" in changed
+    assert "the hypervisor took more than 0.5% of its CPUs' time" in changed
+    assert "up to 1 time (conditions.reruns)" in changed
+    assert "the default, 15%," in changed  # the default's evidence, whatever this run's
+
+
+def test_method_states_the_verdicts_the_right_way_round() -> None:
+    """Below the claim: the whole interval lies below the published speedup (it was written
+    inverted before issue 36)."""
+    verdict = method_rows(CONFIG)["verdict"]
+    assert "below the claim: the whole interval lies below the published speedup" in verdict
+    assert "above the claim: the whole interval lies above it" in verdict
+    assert "none ok or all judged perturbed" in verdict
+    ratio = ranks.Ratio(1.1, 1.05, 1.15, 0.95, 0.96, "", 5, 5, 0.01, True, 0.05)
+    assert ranks.compare_to_claim(ratio, 1.48) == "below"  # the interval lies below 1.48
 
 
 # --- the page ------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
 # Aggregation: every record of the matrix into tidy tables (runs, steps, summary, speedups).
+# What aggregate.py prints (a speedup not measured: a side without counted trials) reaches the
+# console as well as its log.
 
 
 rule effective_config:
@@ -51,4 +53,4 @@ rule aggregate:
         out_dir=lambda wildcards, output: Path(output.runs).parent,
     shell:
         "{params.python} scripts/aggregate.py --config {input.config:q} --claims {input.claims:q}"
-        " --records {input.records:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " --records {input.records:q} --out-dir {params.out_dir:q} 2>&1 | tee {log:q}"

@@ -1,7 +1,10 @@
 # Reruns of perturbed trials (config conditions.reruns). Once every trial of a round has run,
 # judge_trials lists the round's perturbed trials; each runs again as a new record (trial number
-# + trials) in the next round, baseline and candidate alternating by priority as in the first.
-# The aggregate rule asks for every round's reruns (record_paths).
+# + trials) in the next round, baseline and candidate alternating by priority as in the first,
+# but for a rerun every rule of which flagged the trial it repeats too (the rule, not the
+# machine). A round is judged against the rounds up to it, here and in the tables alike, so
+# the tables count exactly what the reruns left. The aggregate rule asks for every round's
+# reruns (record_paths).
 
 
 checkpoint judge_trials:

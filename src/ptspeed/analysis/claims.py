@@ -47,18 +47,15 @@ def verdict(
 ) -> tuple[str, str]:
     """``(verdict, reason)`` for a speedups row.
 
-    Against a claim: consistent with / below / above the claim (the published speedup inside,
-    above or below the measured interval), or not measured and why (a side without ok trials,
-    a claim made on a GPU checked by a CPU run). Without a claim: measured.
+    Against a claim: consistent with the claim (the published speedup inside the measured
+    interval), below the claim (the whole interval below the published speedup: the speedup
+    falls short of it), above the claim (the whole interval above it), or not measured and why
+    (a side without counted trials, :func:`empty_sides`; a claim made on a GPU checked by a
+    CPU run). Without a claim: measured.
     """
-    missing = [
-        f"{side} ({row[f'{side}_env']}/{row[f'{side}_variant']}: "
-        f"{row.get(f'{side}_statuses') or 'no records'})"
-        for side in SIDES
-        if row[f"{side}_trials"] == 0 or math.isnan(row[f"{side}_samples_per_s"])
-    ]
-    if missing:
-        return NOT_MEASURED, "no ok trials: " + ", ".join(missing)
+    empty = empty_sides(row)
+    if empty:
+        return NOT_MEASURED, empty
     group = row["claim"]
     if not group:
         return MEASURED, "no published claim for this comparison"
@@ -93,6 +90,39 @@ def verdict(
     )
     outcome = ranks.compare_to_claim(ratio, row["published_speedup"])
     return CLAIM_VERDICTS[outcome], _claim_context(claims[group], row, achieved)
+
+
+def empty_sides(row: Mapping[str, Any]) -> str:
+    """Why a speedups row has no speedup, from its sides without counted trials: ``"no ok
+    trials: baseline (torch-1.13/eager: failed:5)"``, or where a side's ok trials were all
+    judged perturbed ``"all 15 ok trials perturbed: baseline (torch-1.13/eager: machine-speed
+    probe: 15)"``; '' where both sides counted trials."""
+    none_ok, all_perturbed = [], []
+    for side in SIDES:
+        if row[f"{side}_trials"] and not math.isnan(row[f"{side}_samples_per_s"]):
+            continue
+        cell = f"{row[f'{side}_env']}/{row[f'{side}_variant']}"
+        perturbed = _count(row.get(f"{side}_perturbed_trials"))
+        if perturbed:
+            reasons = _text(row.get(f"{side}_perturbed_reasons")) or "see Perturbed trials"
+            all_perturbed.append(f"all {perturbed} ok trials perturbed: {side} ({cell}: {reasons})")
+        else:
+            statuses = _text(row.get(f"{side}_statuses")) or "no records"
+            none_ok.append(f"{side} ({cell}: {statuses})")
+    parts = (["no ok trials: " + ", ".join(none_ok)] if none_ok else []) + all_perturbed
+    return "; ".join(parts)
+
+
+def _count(value: Any) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) else 0
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def claimed_on_another_gpu(group: Mapping[str, Any], row: Mapping[str, Any]) -> str:

@@ -167,8 +167,12 @@ _SPEEDUP_COLUMN_IS_TEXT = {
     "candidate_statuses": True,
     "baseline_perturbed_trials": False,
     "candidate_perturbed_trials": False,
+    "baseline_perturbed_reasons": True,
+    "candidate_perturbed_reasons": True,
     "baseline_reruns": False,
     "candidate_reruns": False,
+    "baseline_uncounted": True,
+    "candidate_uncounted": True,
     **{
         f"{side}_{column}": column == COMPILER_REASONS
         for side in SIDES

@@ -7,6 +7,14 @@ again, up to ``conditions.reruns`` times. Attempt ``a`` of trial ``t`` is trial 
 ``t + a x trials``: a rerun is an ordinary record of its cell at a path of the usual layout,
 the old record stays, and :func:`rerun_columns` tells the two apart in the tables.
 
+One judgement: a trial's verdict is the one that decided its rerun. Round ``a`` is judged
+against the run's median trial of rounds ``0 .. a`` (:func:`ptspeed.analysis.conditions.
+judge_runs` judges each round so, in the workflow's judgement and in the final tables alike),
+so the tables count exactly the trials the reruns left: a quiet attempt of each configured
+trial. A rerun perturbed again by a rule that also flagged the attempt it repeats is not run
+again (:func:`stopped_reruns`): a rule that flags a trial however often it runs describes the
+rule, or a machine that stays so, not a passing load; the report says so once.
+
 Rounds, not trials, wait on each other: the judgement of round ``a`` needs every trial of
 rounds ``0 .. a`` (a trial is judged against the run's median trial too), so a round's reruns
 start together, baseline and candidate trials alternating by priority as in the first round.
@@ -21,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis.conditions import settings
+from ptspeed.analysis.conditions import reason_kinds, settings
 from ptspeed.plan.layout import Cell
 
 RERUN_COLUMNS = ["rerun_of", "attempt"]
@@ -45,20 +53,68 @@ def attempt_of(trial: int, trials: int) -> int:
 def reruns_due(runs: pd.DataFrame, config: Mapping[str, Any], attempt: int) -> list[Cell]:
     """The cells of the next round: a rerun of every trial of round ``attempt`` that ``runs``
     (judged, :func:`ptspeed.analysis.conditions.judge_runs`) marks perturbed, while the
-    config's reruns last."""
+    config's reruns last, but for those whose every rule flagged the attempt they repeat too
+    (:func:`stopped_reruns`)."""
     if attempt >= max_reruns(config):
         return []
     trials = int(config["trials"])
+    stopped = {(key, trial) for key, trial, _ in stopped_reruns(runs, config)}
     due = []
-    for path, trial, perturbed in runs[["record_path", "trial", "perturbed"]].itertuples(
-        index=False, name=None
-    ):
-        cell = Cell.from_path(str(path))
-        if cell is None or pd.isna(perturbed) or not perturbed:
-            continue
-        if attempt_of(int(trial), trials) == attempt:
+    for cell, trial, kinds in _perturbed_trials(runs, trials):
+        if attempt_of(trial, trials) == attempt and kinds and (cell.key, trial) not in stopped:
             due.append(dataclasses.replace(cell, trial=cell.trial + trials))
     return due
+
+
+def stopped_reruns(
+    runs: pd.DataFrame, config: Mapping[str, Any] | None
+) -> list[tuple[str, int, list[str]]]:
+    """The reruns perturbed again by the same rule: (cell key, trial number, the rules that
+    flagged both it and the attempt it repeats), for each rerun all of whose rules did."""
+    trials = (config or {}).get("trials")
+    if not isinstance(trials, int) or trials < 1 or "record_path" not in runs.columns:
+        return []
+    flagged = {(cell.key, trial): kinds for cell, trial, kinds in _perturbed_trials(runs, trials)}
+    stopped = []
+    for (key, trial), kinds in flagged.items():
+        earlier = flagged.get((key, trial - trials), []) if trial >= trials else []
+        if kinds and earlier and not set(kinds) - set(earlier):
+            stopped.append((key, trial, kinds))
+    return stopped
+
+
+def stopped_sentence(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> str:
+    """One sentence on the reruns stopped because the same rule flagged them again ('' for
+    none): how many, and by which rules."""
+    stopped = stopped_reruns(runs, config)
+    if not stopped:
+        return ""
+    counts: dict[str, int] = {}
+    for _, _, kinds in stopped:
+        for kind in kinds:
+            counts[kind] = counts.get(kind, 0) + 1
+    rules = ", ".join(f"{kind}: {n}" for kind, n in counts.items())
+    return (
+        f"{len(stopped)} rerun{'s were' if len(stopped) != 1 else ' was'} perturbed again by the "
+        f"rule that flagged the trial {'they' if len(stopped) != 1 else 'it'} repeated ({rules}) "
+        "and not run again: a rule that flags a trial however often it runs describes the rule "
+        "(or a machine that stays so), not a passing load; those trials are not counted."
+    )
+
+
+def _perturbed_trials(runs: pd.DataFrame, trials: int) -> list[tuple[Cell, int, list[str]]]:
+    """Each judged ok trial of a known cell: (its cell, its trial number, the rules that
+    flagged it: [] where quiet)."""
+    found = []
+    reasons = runs["perturbed_reason"] if "perturbed_reason" in runs.columns else [""] * len(runs)
+    columns = zip(runs["record_path"], runs["trial"], runs["perturbed"], reasons, strict=True)
+    for path, trial, perturbed, reason in columns:
+        cell = Cell.from_path(str(path))
+        if cell is None or pd.isna(perturbed) or pd.isna(trial):
+            continue
+        flagged = perturbed is True or str(perturbed).lower() == "true"
+        found.append((cell, int(trial), reason_kinds(reason) if flagged else []))
+    return found
 
 
 def rerun_columns(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> pd.DataFrame:

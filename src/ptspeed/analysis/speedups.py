@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ptspeed.analysis import breakdown, energy, ranks, stats
@@ -28,11 +29,22 @@ from ptspeed.analysis.columns import (
     SPEEDUP_COLUMNS,
     platform_column,
 )
-from ptspeed.analysis.conditions import counted_in_speedups
+from ptspeed.analysis.conditions import counted_in_speedups, perturbed_counts, reason_kinds
 from ptspeed.analysis.energy import JOULES_PER_SAMPLE
 from ptspeed.analysis.late_numerics import precision_of
+from ptspeed.analysis.reruns import max_reruns
 from ptspeed.errors import ConfigError
 from ptspeed.plan.layout import configured_sizes
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """One record of a side's cell, as its counted n's shortfall reads it."""
+
+    number: int
+    status: str
+    counted: bool
+    reason: str  # why perturbed ('' where quiet or not ok)
 
 
 @dataclass
@@ -42,6 +54,8 @@ class _Side:
     rates: list[float] = field(default_factory=list)
     joules: list[float] = field(default_factory=list)  # per sample, of the same trials
     perturbed: int = 0  # ok trials judged perturbed (left out of rates unless kept)
+    reasons: list[str] = field(default_factory=list)  # the perturbed trials' reasons
+    trials: list[_Trial] = field(default_factory=list)  # every trial of the cell, ok or not
     devices: dict[str, None] = field(default_factory=dict)
     precisions: dict[str, None] = field(default_factory=dict)
 
@@ -130,22 +144,32 @@ def _summary_index(summary: pd.DataFrame) -> dict[tuple[Any, ...], list[dict[str
 
 
 def _side_index(runs: pd.DataFrame, config: Mapping[str, Any]) -> dict[tuple[Any, ...], _Side]:
-    ok = runs[runs["status"] == "ok"]
-    counted = counted_in_speedups(ok, config)
-    perturbed = ok["perturbed"] if "perturbed" in ok.columns else pd.Series(False, ok.index)
-    ok = ok.assign(platform=platform_column(ok))
+    counted = counted_in_speedups(runs, config)
+    runs = runs.assign(platform=platform_column(runs), _counted=counted.to_numpy())
+    if "perturbed" not in runs.columns:
+        runs = runs.assign(perturbed=pd.NA, perturbed_reason="")
     names = ["platform", "env", "variant", "model", "mode", *SIZE_KEYS, "throughput_samples_per_s"]
     names += ["knobs", "device_name", "device_index", "numerics_precision", JOULES_PER_SAMPLE]
+    names += ["status", "trial", "_counted", "perturbed", "perturbed_reason"]
     index: dict[tuple[Any, ...], _Side] = {}
-    rows = zip(ok[names].itertuples(index=False, name=None), counted, perturbed, strict=True)
-    for row, is_counted, is_perturbed in rows:
+    for row in runs[runs["env"].notna()][names].itertuples(index=False, name=None):
         platform, env, variant, model, mode, *sizes = row[:8]
-        rate, knobs, device_name, device_index, precision, joules = row[8:]
-        if pd.isna(sizes[0]) or not (rate > 0 and math.isfinite(rate)):
+        rate, knobs, device_name, device_index, precision, joules = row[8:14]
+        status, trial, is_counted, is_perturbed, reason = row[14:]
+        if pd.isna(sizes[0]):
             continue
-        key = (platform, env, variant, model, mode, *_size_key(sizes))
-        side = index.setdefault(key, _Side())
-        side.perturbed += int(not pd.isna(is_perturbed) and bool(is_perturbed))
+        side = index.setdefault((platform, env, variant, model, mode, *_size_key(sizes)), _Side())
+        ok = status == "ok" and rate > 0 and math.isfinite(rate)
+        perturbed = ok and not pd.isna(is_perturbed) and bool(is_perturbed)
+        number = -1 if pd.isna(trial) else int(trial)
+        side.trials.append(
+            _Trial(number, str(status), bool(ok and is_counted), str(reason) if perturbed else "")
+        )
+        if not ok:
+            continue
+        side.perturbed += int(perturbed)
+        if perturbed:
+            side.reasons.append(str(reason))
         if not is_counted:
             continue
         side.rates.append(float(rate))
@@ -190,7 +214,10 @@ def _speedup_row(
         **_side("candidate", cand),
     }
     sides = _trial_sides(index, base_spec, cand_spec, place, size)
-    row.update(_counted_trials("baseline", sides[0]) | _counted_trials("candidate", sides[1]))
+    row.update(
+        _counted_trials("baseline", sides[0], config)
+        | _counted_trials("candidate", sides[1], config)
+    )
     row["speedup"] = _ratio(row["candidate_samples_per_s"], row["baseline_samples_per_s"])
     row.update(_interval(*sides, row["speedup"]))
     row.update(_measured_on(*sides))
@@ -276,7 +303,8 @@ def _trial_sides(
 def _interval(base: _Side | None, cand: _Side | None, medians_ratio: float) -> dict[str, Any]:
     """The speedup of the ok trials with its interval, and their energy per sample's ratio;
     without trials, the ratio of medians."""
-    if base is None or cand is None:
+    if base is None or cand is None or not base.rates or not cand.rates:
+        # Without trials, or a side without counted ones (all perturbed, none ok): no interval.
         return {
             "speedup": medians_ratio,
             "speedup_low": math.nan,
@@ -363,7 +391,9 @@ def _side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]:
         f"{prefix}_perturbed_trials": int(row.get("perturbed_trials") or 0)
         if row is not None
         else 0,
+        f"{prefix}_perturbed_reasons": _text(row.get("perturbed_reasons")) if row else "",
         f"{prefix}_reruns": int(row.get("reruns") or 0) if row is not None else 0,
+        f"{prefix}_uncounted": "",
         **_compiler_side(prefix, row),
         **breakdown.side_columns(prefix, row),
     }
@@ -378,17 +408,73 @@ def _compiler_side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]
     }
 
 
-def _counted_trials(prefix: str, side: _Side | None) -> dict[str, Any]:
+def _counted_trials(prefix: str, side: _Side | None, config: Mapping[str, Any]) -> dict[str, Any]:
     """A side's median and trial count over the trials its speedup uses (the quiet ones,
-    unless conditions.keep_perturbed), and how many ok trials were perturbed."""
+    unless conditions.keep_perturbed), how many ok trials were perturbed and by what, and why
+    fewer trials than configured were counted (:func:`uncounted`)."""
     if side is None:
         return {}
     median = stats.summarise(side.rates, CONFIDENCE).median if side.rates else math.nan
+    kinds = perturbed_counts(
+        np.array([True] * len(side.reasons), dtype=object), np.array(side.reasons, dtype=object)
+    )
     return {
         f"{prefix}_samples_per_s": median,
         f"{prefix}_trials": len(side.rates),
         f"{prefix}_perturbed_trials": side.perturbed,
+        f"{prefix}_perturbed_reasons": kinds["perturbed_reasons"],
+        f"{prefix}_uncounted": uncounted(side.trials, config),
     }
+
+
+def uncounted(trials: Sequence[_Trial], config: Mapping[str, Any]) -> str:
+    """Why a cell counted fewer trials than the config's ``trials``: per configured trial that
+    none of its attempts (:mod:`ptspeed.analysis.reruns`) counts, what its last attempt was —
+    perturbed, by which rule and why it was not run again, or its status; '' where every
+    configured trial counts (or the config names no trials)."""
+    configured = config.get("trials")
+    if not isinstance(configured, int) or isinstance(configured, bool) or configured < 1:
+        return ""
+    counted = {t.number % configured for t in trials if t.counted and t.number >= 0}
+    if len(counted) >= configured or sum(t.counted for t in trials) >= configured:
+        return ""
+    attempts: dict[int, list[_Trial]] = {}
+    for trial in sorted(trials, key=lambda t: t.number):
+        if trial.number >= 0:
+            attempts.setdefault(trial.number % configured, []).append(trial)
+    outcomes: dict[str, int] = {}
+    for slot in range(configured):
+        if slot in counted:
+            continue
+        outcome = _slot_outcome(attempts.get(slot, []), configured, max_reruns(config))
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    shown = "; ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
+    return f"{len(counted)} of {configured} trials counted ({shown})"
+
+
+def _slot_outcome(attempts: Sequence[_Trial], configured: int, reruns: int) -> str:
+    """What became of a configured trial none of whose attempts counts."""
+    if not attempts:
+        return "no record"
+    last = attempts[-1]
+    if last.status != "ok":
+        return last.status
+    if not last.reason:
+        return "not counted"
+    kinds = reason_kinds(last.reason)
+    attempt = last.number // configured
+    earlier = reason_kinds(attempts[-2].reason) if len(attempts) > 1 else []
+    if earlier and not set(kinds) - set(earlier):
+        why = "reruns stopped: the same rule flagged the rerun again"
+    elif attempt >= reruns:
+        why = f"reruns used up (conditions.reruns {reruns})" if reruns else "no reruns"
+    else:
+        why = "not rerun"
+    return f"perturbed ({', '.join(kinds)}), {why}"
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _ratio(numerator: float, denominator: float) -> float:

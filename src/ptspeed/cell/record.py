@@ -363,8 +363,9 @@ class Conditions:
     sampling_s: Optional[float] = _doc("What taking the two samples cost (seconds).", None)
     probe_cpu_gemm_s_before: Optional[float] = _doc(
         "The machine-speed probe just before the window (ptspeed.cell.measurement.probe): seconds "
-        "of its fixed CPU GEMM work (see probe_work), on probe_threads threads; null: not probed "
-        "(an older record, a rank that does not report).",
+        "of its fixed CPU GEMM work (see probe_work: since issue 36 the median of repeated runs of "
+        "it, one run before), on probe_threads threads; null: not probed (an older record, a rank "
+        "that does not report).",
         None,
     )
     probe_cpu_gemm_s_after: Optional[float] = _doc("The same just after the window.", None)
@@ -387,8 +388,9 @@ class Conditions:
         "Wall time of both probes (outside the window; what they added to the cell).", None
     )
     probe_work: str = _doc(
-        "The probe's fixed work, e.g. 'CPU: 96 x fp32 GEMM 256^2, …': probes are compared only "
-        "where it is the same.",
+        "The probe's fixed work and the build that ran it, e.g. 'median of 5 repetitions: CPU: "
+        "16 x fp32 GEMM 256^2, …; torch 2.0.1+cpu, BLAS mkl': probes are compared only where it "
+        "and the environment are the same.",
         "",
     )
     not_readable: str = _doc("What could not be read here, '; '-separated.", "")

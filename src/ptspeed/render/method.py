@@ -12,7 +12,13 @@ import pandas as pd
 from ptspeed.analysis import late_numerics, ranks, stats
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE
 from ptspeed.analysis.compare import Rule
-from ptspeed.analysis.conditions import settings
+from ptspeed.analysis.conditions import (
+    MIN_PROBED_TRIALS,
+    PROBE_SPREAD,
+    PROBE_SPREAD_MULTIPLIER,
+    settings,
+)
+from ptspeed.cell.measurement import probe_work
 from ptspeed.cell.measurement.numerics import EAGER_ERROR_MULTIPLIER, TOLERANCES
 from ptspeed.render.breakdown import PROFILING_METHOD
 from ptspeed.render.comparison import rule_sentence
@@ -24,6 +30,13 @@ from ptspeed.render.tables import COMPILER_HEADER, Column, Row, Table, given, te
 SETTING = Column("", given("name"))
 METHOD_TABLE = [SETTING, Column("setting", given("value"), wrap=True)]
 
+VERDICT_METHOD = (
+    "consistent with the claim: the published speedup lies in the measured interval; below "
+    "the claim: the whole interval lies below the published speedup (the speedup falls short "
+    "of it); above the claim: the whole interval lies above it; not measured: the reason (a "
+    "side without counted trials, none ok or all judged perturbed; a claim made on another "
+    "device)"
+)
 BACKEND_SETTINGS = {
     "TF32 matmul": "tf32_matmul",
     "TF32 cuDNN": "tf32_cudnn",
@@ -204,7 +217,12 @@ def method_section(inputs: ReportInputs) -> Section:
             "a cell's batch size and the sizes its model uses (image side, sequence length); a "
             "size the model does not use is blank in the tables",
         ],
-        ["n", "the ok trials a value comes from"],
+        [
+            "n",
+            "the ok trials a value comes from; a speedup's, the trials it counts (not those "
+            "judged perturbed, see perturbed trials): where a side counts fewer than the "
+            "configured trials, how many and why stand beside the speedup",
+        ],
         [
             "median interval",
             f"distribution-free order-statistic (binomial) interval of the median, "
@@ -240,11 +258,7 @@ def method_section(inputs: ReportInputs) -> Section:
             "summed over ranks; the CPU packages' RAPL counters on the CPU) over the samples "
             "it processed: the median over the ok trials with its interval",
         ],
-        [
-            "verdict",
-            "consistent with the claim: the published speedup lies in the interval; below / "
-            "above the claim: the interval lies above / below it; not measured: the reason",
-        ],
+        ["verdict", VERDICT_METHOD],
         [
             "numerics tolerance",
             "loss, gradients and update (train) or output (infer) of the first steps after the "
@@ -371,16 +385,47 @@ def _perturbed_method(config: Mapping[str, Any]) -> str:
         f"than {rules['max_other_cpu_share']:.0%} of its CPUs' time over the window (/proc/stat's "
         "non-idle time of those CPUs minus the CPU time of the cell's own processes) or left it "
         f"less than {rules['min_cpu_left_ratio']:.0%} of the CPU share they left the run's median "
-        f"trial (windows under {rules['min_window_s']:g} s are too short to judge), when the "
-        "highest CPU or GPU "
-        f"SM clock seen was below {rules['min_clock_fraction']:.0%} of its maximum, when a GPU "
-        f"throttle reason was active ({throttles}), or when more than "
-        f"{rules['max_other_gpu_processes']} other process(es) used its GPU; a perturbed trial "
-        f"stays in runs and the cell statistics, marked, and is {fate}. Once every trial has "
-        "run, each perturbed one runs again as a new record (trial number + trials), and a "
-        f"rerun judged perturbed again runs again, up to {plural(rules['reruns'], 'time')} "
-        "(conditions.reruns)"
+        f"trial; when the hypervisor took more than {rules['max_steal_share']:.1%} of its CPUs' "
+        f"time (steal; windows under {rules['min_window_s']:g} s are too short to judge by CPU "
+        "time); when the highest CPU or GPU "
+        f"SM clock seen was below {rules['min_clock_fraction']:.0%} of its maximum; when a GPU "
+        f"throttle reason was active ({throttles}); when more than "
+        f"{rules['max_other_gpu_processes']} other process(es) used its GPU; when GradScaler "
+        "skipped optimizer steps inside the window (fp16 overflow: steps without an update, "
+        f"faster than real ones); or by the machine-speed probe: {_probe_method(rules)}. A "
+        f"perturbed trial stays in runs and the cell statistics, marked, and is {fate}. Once "
+        "every trial has run, each perturbed one runs again as a new record (trial number + "
+        "trials), and a rerun judged perturbed again runs again, up to "
+        f"{plural(rules['reruns'], 'time')} (conditions.reruns), unless every rule that flagged "
+        "it also flagged the attempt it repeats (a rule that flags a trial however often it "
+        "runs describes the rule or a machine that stays so, not a passing load: the report "
+        "says how many stopped so). One judgement: the trials of each round are judged against "
+        "the median trial of the rounds up to theirs, when their reruns are decided and again, "
+        "identically, in the tables, which count exactly the trials the reruns left"
     )
+
+
+def _probe_method(rules: Mapping[str, Any]) -> str:
+    """The probe rule with this run's threshold, and what the default rests on."""
+    limit = float(rules["max_probe_deviation"])
+    default = float(settings(None)["max_probe_deviation"])
+    measured = PROBE_SPREAD
+    text = (
+        f"just before and just after the window each trial times a fixed work ({probe_work.WORK}); "
+        f"the trial is perturbed when both ends lie more than {limit:.0%} off the median of its "
+        "like probes in the same direction (like: the same environment and build, platform, "
+        f"device and threads; at least {MIN_PROBED_TRIALS} trials probed), or "
+        f"{PROBE_SPREAD_MULTIPLIER:g} × those probes' own robust spread where that is wider (a "
+        "build or machine noisier than the one measured). "
+    )
+    if measured.trials:
+        text += (
+            f"On {measured.machine} ({measured.build}, {measured.threads} thread(s), "
+            f"{measured.load}) the ends of {measured.trials} trials' probes lay within "
+            f"±{measured.largest:.0%} of their median (robust spread {measured.spread:.1%}); "
+            f"the default, {default:.0%}, is {default / measured.largest:.1f} times that"
+        )
+    return text
 
 
 def _backend_settings(runs: pd.DataFrame) -> str:

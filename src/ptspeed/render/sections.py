@@ -20,6 +20,7 @@ from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
 from ptspeed.analysis.compare import AA_SPREAD, Rule, compare_runs, defaults_of, machine_changes
 from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.nodes import comparison_nodes
+from ptspeed.analysis.reruns import stopped_sentence
 from ptspeed.analysis.suites import suite_figures, suite_members
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
@@ -426,6 +427,8 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
         f"{int(flagged.sum())} of {judged} judged ok trials ran perturbed, {fate}; "
         f"{plural(reruns, 'rerun')} (rerun of: the configured trial it repeats)."
     )
+    stopped = stopped_sentence(runs, config)
+    note += f" {stopped}" if stopped else ""
     table = Table.of(PERTURBED_TABLE, runs[flagged].to_dict("records"))
     return Block(table=table, heading="Perturbed trials", note=note)
 

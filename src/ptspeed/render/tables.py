@@ -141,9 +141,17 @@ COMPILER_HEADER = "graphs / breaks / recompiles"
 
 
 def _speedup(row: Row) -> str:
-    return format_speedup_interval(
+    """The speedup with its interval and, after ``; ``, each side that counted fewer trials
+    than configured and why (``baseline 3 of 5 trials counted (2 perturbed …)``)."""
+    shown = format_speedup_interval(
         row["speedup"], row["speedup_low"], row["speedup_high"], row["speedup_confidence"]
     )
+    short = [
+        f"{side} {row[f'{side}_uncounted']}"
+        for side in ("baseline", "candidate")
+        if not is_blank(row.get(f"{side}_uncounted"))
+    ]
+    return "; ".join([shown, *short])
 
 
 def _published(row: Row) -> str:
@@ -174,7 +182,7 @@ _SEED_PLACE = [
 _SEED_MEASURED = [
     _side_rate("baseline"),
     _side_rate("candidate"),
-    Column(SPEEDUP_HEADER, _speedup, align="right", wrap=True),
+    Column(SPEEDUP_HEADER, _speedup, align="right", wrap=True, detail_after="; "),
 ]
 _SEED_CLAIMED = [
     Column("published", _published, wrap=True, detail_after="; "),
