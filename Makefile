@@ -67,6 +67,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/snakefmt --check .
 	$(BIN)/snakemake --lint
+	$(BIN)/python scripts/docs.py --check
 	$(BIN)/hadolint $(RECIPES)
 	$(BIN)/shellcheck $(SHELL_SCRIPTS)
 

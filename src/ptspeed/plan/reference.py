@@ -1,7 +1,7 @@
 """The configuration reference, written from the config's JSON Schema.
 
 Every key of ``workflow/schemas/config.schema.yaml`` becomes a row (key, type, default, what it
-does) of ``docs/configuration.md``; ``scripts/config_reference.py`` writes it and a test checks
+does) of ``docs/configuration.md``; ``scripts/docs.py`` writes it and a test checks
 that the page and the schema agree, so the reference cannot drift from what is validated.
 """
 
@@ -15,7 +15,7 @@ from ptspeed.plan.schema import load_schema
 
 HEADER = """# Configuration reference
 
-Generated from `workflow/schemas/config.schema.yaml` by `python3 scripts/config_reference.py`;
+Generated from `workflow/schemas/config.schema.yaml` by `python3 scripts/docs.py`;
 do not edit by hand. `config/config.yaml` is the default matrix, `config/README.md` says how
 the parts fit together. `<name>` stands for a name of your choosing.
 """

@@ -25,7 +25,13 @@ from ptspeed.analysis.compare import (
     Rule,
 )
 from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, platform_directory, size_label
-from ptspeed.render.formatting import format_int, format_rate, format_speedup_interval, is_blank
+from ptspeed.render.formatting import (
+    format_int,
+    format_rate,
+    format_speedup_interval,
+    is_blank,
+    markdown_table,
+)
 
 DISPLAY_HEADERS = [
     "",
@@ -205,9 +211,4 @@ def as_text(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def as_markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A Markdown table; the marks' column is headed ``mark``."""
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") or " " for c in cells) + " |"
-
-    rule = "|" + "|".join(" --- " for _ in headers) + "|"
-    return "\n".join([line(["mark", *headers[1:]]), rule, *map(line, rows)]) + "\n"
+    return markdown_table(["mark", *headers[1:]], rows)

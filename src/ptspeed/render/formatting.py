@@ -9,6 +9,7 @@ coverage where it falls short of the requested 95 %.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -148,3 +149,15 @@ def format_fraction_as_percent(value: Any) -> str:
 def plural(count: int, noun: str) -> str:
     """``1 rerun``, ``2 reruns``, ``0 reruns``."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table of text cells (pipes escaped, line breaks folded)."""
+
+    def line(cells: Sequence[str]) -> str:
+        return (
+            "| " + " | ".join(" ".join(c.split()).replace("|", "\\|") or " " for c in cells) + " |"
+        )
+
+    rule = "|" + "|".join(" --- " for _ in headers) + "|"
+    return "\n".join([line(headers), rule, *map(line, rows)]) + "\n"
