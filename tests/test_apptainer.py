@@ -280,6 +280,70 @@ def test_pull_takes_images_by_digest_only(tmp_path: Path) -> None:
     assert "docker://r.example/p/torch-1.13@sha256:…" in line
 
 
+NGC_CONFIG = ROOT / "config" / "ngc-hopper.yaml"
+
+
+def ngc_config(tmp_path: Path, image: str) -> Path:
+    """config/ngc-hopper.yaml as shipped, its NGC image replaced by ``image``."""
+    config = yaml.safe_load(NGC_CONFIG.read_text())
+    config["environments"]["ngc-22.11"]["image"] = image
+    return write_config(tmp_path, {**config, "results": str(tmp_path / "results")})
+
+
+@pytest.mark.workflow
+def test_a_site_image_without_its_digest_is_refused_in_one_line() -> None:
+    """config/ngc-hopper.yaml as shipped names NGC's tag: the site fills in the digest."""
+    done = snakemake("-n", "--use-singularity", f"--configfile={NGC_CONFIG}", env=with_emulator())
+    assert done.returncode == 1
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("config:")]
+    assert line.startswith(
+        "config: environments.ngc-22.11.image: 'docker://nvcr.io/nvidia/pytorch:22.11-py3' is "
+        "not pinned: expected a .sif path, docker://name@sha256:…"
+    ), line
+    assert "Traceback" not in done.stdout
+    done = snakemake("-n", f"--configfile={NGC_CONFIG}", env=with_emulator())
+    assert "kind image runs only under --use-singularity" in done.stdout
+
+
+@pytest.mark.workflow
+def test_the_ngc_example_with_its_digest_runs_the_image_as_is(tmp_path: Path) -> None:
+    """Filled in, the NGC image is read once (rule brought_image) and each of its cells runs
+    in it, by digest alone (Apptainer 1.3 refuses a tag beside it); nothing is built for it."""
+    reference = f"docker://nvcr.io/nvidia/pytorch:22.11-py3@{DIGEST}"
+    done = snakemake(
+        "-n", "--use-singularity", f"--configfile={ngc_config(tmp_path, reference)}",
+        env=with_emulator(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:]
+    results = tmp_path / "results"
+    (probe,) = jobs(done.stdout, "brought_image")
+    assert probe["output"].split(", ") == [f"{results}/envs/ngc-22.11.json",
+                                           f"{results}/envs/ngc-22.11.digest"]  # fmt: skip
+    assert {job["output"].split(",")[0] for job in jobs(done.stdout, "sif")} == {
+        f"{results}/images/torch-2.0-cu118.sif"
+    }
+    assert not [job for job in jobs(done.stdout, "build_env")]
+    cells = [job for job in jobs(done.stdout, "cell") if "env=ngc-22.11" in job["wildcards"]]
+    assert cells
+    for cell in cells:
+        assert f"{results}/envs/ngc-22.11.digest" in cell["input"].split(", ")
+    assert f"nvcr.io/nvidia/pytorch@{DIGEST} will be pulled" in done.stdout
+
+
+@pytest.mark.workflow
+def test_a_local_sif_a_site_brings_is_the_input_of_its_record(tmp_path: Path) -> None:
+    sif = tmp_path / "pytorch.sif"
+    sif.write_text("a site's image\n")
+    done = snakemake(
+        "-n", "--use-singularity", f"--configfile={ngc_config(tmp_path, str(sif))}",
+        env=with_emulator(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:]
+    (probe,) = jobs(done.stdout, "brought_image")
+    assert probe["input"] == str(sif)
+    assert "will be pulled" not in done.stdout
+
+
 # --- the real run ---------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 # printed once); what each image is made of is ptspeed.envs.realise.Images.
 
 from ptspeed.envs.apptainer import cell_apptainer_args, outside, plan_sif
-from ptspeed.envs.containers import engine_for_images, engine_usable
+from ptspeed.envs.containers import engine_for_images, engine_usable, is_local_image
 from ptspeed.envs.realise import Images
 from ptspeed.cell.provenance import nvidia_driver_version
 
@@ -79,3 +79,10 @@ def sif_options(wildcards):
         return IMAGES.sif_options(wildcards.env)
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
+
+
+def brought_image_input(wildcards):
+    """A local image a site brings is its record's input (a replaced file is read again); a
+    registry's is pinned by its digest."""
+    image = REALISATION.brought(wildcards.env)
+    return {"image": image} if is_local_image(image) else {}

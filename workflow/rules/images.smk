@@ -4,7 +4,9 @@
 # --use-singularity / --sdm apptainer, rule sif makes results/images/{env}.sif of it (or
 # Apptainer builds it from docker/ptspeed.def where there is no docker or podman, or from the
 # registry) and the cells of that environment run in it: the sif is their input, so a changed
-# lock or recipe rebuilds exactly its image and reruns its cells. `snakemake images` makes them.
+# lock or recipe rebuilds exactly its image and reruns its cells. An image a site brings (kind
+# image: a .sif, or a registry's by digest) is used as is: rule brought_image reads its torch,
+# CUDA and GPU code from inside it once. `snakemake images` makes them all.
 
 
 include: "common_images.smk"
@@ -80,3 +82,26 @@ rule sif:
     shell:
         "{params.python} scripts/image.py sif --env {wildcards.env} {params.options}"
         " --sif {output.sif:q} --digest {output.digest:q} > {log:q} 2>&1"
+
+
+rule brought_image:
+    input:
+        unpack(brought_image_input),
+    output:
+        record=environment_record_path(RESULTS, "{env}"),
+        digest=f"{RESULTS}/envs/{{env}}.digest",
+    log:
+        f"{RESULTS}/logs/envs/{{env}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/envs/{{env}}.tsv"
+    wildcard_constraints:
+        env=BROUGHT_ENV_PATTERN,
+    localrule: True
+    conda:
+        "../../envs/workflow.yaml"
+    params:
+        python=HOST_PYTHON,
+        image=lambda wildcards: REALISATION.brought(wildcards.env),
+    shell:
+        "{params.python} scripts/brought_image.py --env {wildcards.env} --image {params.image:q}"
+        " --record {output.record:q} --digest {output.digest:q} > {log:q} 2>&1"

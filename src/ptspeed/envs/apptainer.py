@@ -24,6 +24,7 @@ from ptspeed.envs.containers import (
     RECIPE_FILES,
     BuildSpec,
     ImageManifest,
+    brought_digest,
     digest_of,
     strip_scheme,
     without_tag,
@@ -31,6 +32,8 @@ from ptspeed.envs.containers import (
 from ptspeed.errors import ConfigError, ContainerError
 
 BUILDERS = ("auto", *ENGINES, "apptainer")
+# Apptainer's command, then SingularityCE's (the older name, which some sites still install).
+APPTAINER_COMMANDS = ("apptainer", "singularity")
 PROBES = {"docker": "`docker version`", "podman": "`podman info`"}
 DEFINITION = Path("docker/ptspeed.def")
 # Where docker/install.sh finds uv's cache in an Apptainer build (its default UV_CACHE_DIR).
@@ -116,6 +119,12 @@ class SifPlan:
         if self.source == "definition":
             return "images: apptainer build --fakeroot of docker/ptspeed.def -> <env>.sif"
         return "images: apptainer build from the registry, by digest -> <env>.sif"
+
+
+def apptainer_command(which: Callable[[str], str | None] = shutil.which) -> str | None:
+    """The command that builds and runs Apptainer images here, as Snakemake chooses it:
+    apptainer, else SingularityCE's singularity; None without either."""
+    return next((name for name in APPTAINER_COMMANDS if which(name)), None)
 
 
 def plan_sif(
@@ -342,11 +351,29 @@ def sif_digest(
         return manifest.digest
     if plan.source == "registry":
         return digest_of(reference)
+    return file_digest(sif)
+
+
+def file_digest(path: Path) -> str:
+    """``sha256:`` and the hash of the file at ``path`` (a SIF is named by its bytes)."""
     digest = hashlib.sha256()
-    with open(sif, "rb") as stream:
+    with open(path, "rb") as stream:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     return f"sha256:{digest.hexdigest()}"
+
+
+def brought_image_digest(reference: str, workdir: Path) -> str:
+    """The digest that names an image a site brings in every record: the one its reference
+    pins, or the hash of a local file's bytes."""
+    return brought_digest(reference) or file_digest(workdir / Path(reference).expanduser())
+
+
+def brought_probe_launcher(binary: str, image: str, binds: Iterable[Path]) -> list[str]:
+    """``apptainer exec`` of a brought image as a cell's python starts in it (CELL_PYTHON),
+    with ``binds`` (the suite's sources) visible."""
+    bound = [option for path in binds for option in ("--bind", str(path))]
+    return [binary, "exec", *bound, image, *shlex.split(CELL_PYTHON)]
 
 
 def image_key(spec: BuildSpec, project: Path) -> str:

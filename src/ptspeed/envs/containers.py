@@ -51,6 +51,13 @@ CA_SECRET_ID = "ca_bundle"
 PASSED_VARIABLES = (VISIBLE_DEVICES_VARIABLE, COUNT_VARIABLE, GIT_COMMIT_VARIABLE)
 LOCKED_PACKAGES = ("torch", "torchvision", "transformers")
 DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
+# A library:// reference pins its image by a tag naming the SIF's hash.
+LIBRARY_DIGEST = re.compile(r":(sha256\.[0-9a-f]{64})$")
+# Where an image a site brings may come from besides a local file (environments.<env>.image).
+BROUGHT_SCHEMES = ("docker", "oras", "library")
+BROUGHT_FORMS = (
+    "a .sif path, docker://name@sha256:…, oras://name@sha256:… or library://path:sha256.…"
+)
 ENGINE_TIMEOUT_S = 120
 ENGINE_PROBE_TIMEOUT_S = 30
 
@@ -210,6 +217,9 @@ def check_container_config(config: Mapping[str, object], in_apptainer: bool = Fa
     if not isinstance(environments, Mapping):
         raise ConfigError("environments: not a mapping")
     for name, spec in environments.items():
+        if spec["kind"] == "image":
+            _check_brought_image(name, spec.get("image", ""), settings, in_apptainer)
+            continue
         if spec["kind"] == "container" and not runs_in_image(spec, settings, in_apptainer):
             raise ConfigError(
                 f"environments.{name}: kind container with containers.runtime apptainer runs "
@@ -221,10 +231,47 @@ def check_container_config(config: Mapping[str, object], in_apptainer: bool = Fa
 
 def runs_in_image(spec: Mapping[str, Any], settings: Mapping[str, Any], in_apptainer: bool) -> bool:
     """Whether an environment's cells run in its image: kind container under its runtime, or
-    any environment but the host under Apptainer."""
+    any environment but the host under Apptainer (kind image only there)."""
     if settings["runtime"] == "apptainer":
         return in_apptainer and spec["kind"] != "host"
     return spec["kind"] == "container"
+
+
+def is_local_image(reference: str) -> bool:
+    """Whether a brought image is a file on this machine (no scheme), not a registry's."""
+    return "://" not in reference
+
+
+def brought_digest(reference: str) -> str:
+    """The digest a brought image's reference pins (``sha256:…``, or a library's
+    ``sha256.…``); '' for a local file or a reference without one."""
+    if reference.startswith("library://"):
+        match = LIBRARY_DIGEST.search(reference)
+        return match.group(1) if match else ""
+    return "" if is_local_image(reference) else digest_of(reference)
+
+
+def _check_brought_image(
+    name: str, reference: str, settings: Mapping[str, Any], in_apptainer: bool
+) -> None:
+    """An image a site brings runs as is under Apptainer; a registry's pinned by its digest,
+    so that every record of the run names one image."""
+    key = f"environments.{name}.image"
+    if settings["runtime"] != "apptainer" or not in_apptainer:
+        raise ConfigError(
+            f"environments.{name}: kind image runs only under --use-singularity (--sdm "
+            "apptainer) with containers.runtime apptainer"
+        )
+    if is_local_image(reference):
+        if not Path(reference).expanduser().is_file():
+            raise ConfigError(f"{key}: {reference!r} is not a file (expected {BROUGHT_FORMS})")
+        return
+    scheme = reference.partition("://")[0]
+    if scheme not in BROUGHT_SCHEMES or not brought_digest(reference):
+        raise ConfigError(
+            f"{key}: {reference!r} is not pinned: expected {BROUGHT_FORMS} (the digest of the "
+            "image the site pulled, e.g. `apptainer inspect` or the registry's page)"
+        )
 
 
 def _check_image_source(name: str, spec: Mapping[str, Any], settings: Mapping[str, Any]) -> None:

@@ -153,6 +153,11 @@ def _check_environments(environments: Mapping[str, Any]) -> None:
             raise ConfigError(f"environments.{name}: kind venv needs requirements and python")
         if env["kind"] == "container" and not env.get("container"):
             raise ConfigError(f"environments.{name}: kind container needs container")
+        if env["kind"] == "image" and not env.get("image"):
+            raise ConfigError(
+                f"environments.{name}: kind image needs image (a .sif path, docker://…@sha256:…, "
+                "oras://…@sha256:… or library://…:sha256.…)"
+            )
 
 
 def env_variant_pairs(config: Mapping[str, Any]) -> list[tuple[str, str]]:
