@@ -16,14 +16,14 @@ import json
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
-sys.path.insert(0, str(SRC))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ptspeed.cell.files import write_atomic
 from ptspeed.envs.apptainer import apptainer_command, brought_image_digest, brought_probe_launcher
 from ptspeed.envs.gpu_code import environment_record, probe_code
 from ptspeed.errors import EnvBuildError
 
+SRC = Path(__file__).resolve().parents[1] / "src"
 # The image's own interpreter, as the cells start it (ptspeed.envs.apptainer.CELL_PYTHON).
 IMAGE_PYTHON = "python"
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         launcher = brought_probe_launcher(command, args.image, [SRC])
-        code = probe_code(IMAGE_PYTHON, launcher)
+        code = probe_code(IMAGE_PYTHON, launcher, args.image)
         digest = brought_image_digest(args.image, Path.cwd())
     except (EnvBuildError, OSError) as error:
         print(f"error: environments.{args.env}.image: {error}", file=sys.stderr)

@@ -538,6 +538,45 @@ def test_a_shared_image_dir_serves_a_second_checkout_without_building(tmp_path: 
     assert (results / "x.sif.digest").read_text() == f"{DIGEST}\n"
 
 
+@pytest.mark.apptainer
+@pytest.mark.slow
+@WHOLE_RUN
+def test_a_sif_another_checkout_built_is_brought_as_is(
+    apptainer_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """The first run's torch-2.0 sif, named by its path in a second run (kind image): nothing
+    is built, its torch and GPU code are read from inside it once, every record names the
+    file's digest and the report says where the image came from."""
+    sif = apptainer_run["results"] / "images" / "torch-2.0.sif"
+    config = {
+        **reduced_matrix(tmp_path),
+        "environments": {"site-2.0": {"kind": "image", "image": str(sif)}},
+        "comparisons": {
+            "compile-alone": {
+                "title": "compile alone, in a brought image",
+                "baseline": {"env": "site-2.0", "variant": "eager"},
+                "candidate": {"env": "site-2.0", "variant": "compile"},
+            }
+        },
+    }
+    done = snakemake(
+        "--use-singularity", f"--configfile={write_config(tmp_path, config)}", cores="all",
+        env=with_emulator(), timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    results = tmp_path / "results"
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert "rule sif:" not in done.stdout and "rule image:" not in done.stdout
+    assert "ptspeed: images:" not in done.stdout  # no builder was looked for
+    recorded = json.loads((results / "envs/site-2.0.json").read_text())
+    assert recorded["gpu_code"]["torch_version"].startswith("2.0.1")
+    digest = sif_digest(SifPlan("definition"), sif)
+    assert recorded["digest"] == digest
+    records = [json.loads(p.read_text()) for p in (results / "records").rglob("*.json")]
+    assert records and {r["provenance"]["container_digest"] for r in records} == {digest}
+    report = (results / "report/report.md").read_text()
+    assert f"brought: {sif}" in report
+
+
 DEFINITION = """\
 Bootstrap: docker
 From: {{ BASE }}
@@ -647,6 +686,28 @@ def test_emulator_builds_a_definition_file_and_runs_it(tmp_path: Path) -> None:
     ran = subprocess.run([str(EMULATOR), "run", str(sif), "a", "b"], capture_output=True,
                          text=True, check=False, env=with_emulator())  # fmt: skip
     assert ran.stdout.strip() == "runscript from-environment a b", ran.stderr
+
+
+@pytest.mark.container
+def test_an_image_without_torch_is_named_in_one_line_when_brought(tmp_path: Path) -> None:
+    """scripts/brought_image.py runs the image's own python (the CI's Python 3.10 base, which
+    has no torch): the line names the environment, the image and what its python said."""
+    need_debian_base()
+    sif = tmp_path / "site.sif"
+    build = [str(EMULATOR), "build", str(sif), f"docker-daemon:{CI_BASE_IMAGE}"]
+    subprocess.run(build, capture_output=True, check=True)
+    record, digest = tmp_path / "site.json", tmp_path / "site.digest"
+    done = subprocess.run(
+        [sys.executable, "scripts/brought_image.py", "--env", "site", "--image", str(sif),
+         "--record", str(record), "--digest", str(digest)],
+        cwd=ROOT, env=with_emulator(), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        f"error: environments.site.image: reading the GPU code of the torch of python in {sif} "
+        "failed (exit 1): ModuleNotFoundError: No module named 'torch'"
+    )
+    assert not record.exists() and not digest.exists()
 
 
 @pytest.fixture

@@ -32,8 +32,8 @@ CELL_MIN_PYTHON = (3, 10)
 _PROBE = f"""\
 import json, sys
 if sys.version_info < {CELL_MIN_PYTHON}:
-    sys.exit("its Python is %d.%d; ptspeed's cells need Python >= {'.'.join(map(str, CELL_MIN_PYTHON))}"
-             % sys.version_info[:2])
+    sys.exit("its Python is %d.%d; ptspeed's cells need Python >= %d.%d"
+             % (sys.version_info[:2] + {CELL_MIN_PYTHON}))
 sys.path.insert(0, sys.argv[1])
 import torch
 from ptspeed.cell.gpu_code import GpuCode
@@ -86,10 +86,12 @@ def pinned_torch(requirements_lock_path: str | os.PathLike[str]) -> str | None:
     return f"{version}+{PYPI_CUDA_TAGS[version]}"
 
 
-def probe_code(python: str | os.PathLike[str], launcher: Sequence[str] = ()) -> GpuCode:
+def probe_code(
+    python: str | os.PathLike[str], launcher: Sequence[str] = (), image: str = ""
+) -> GpuCode:
     """The code of the torch that ``python`` imports (one subprocess, no GPU needed), started
-    by ``launcher`` where given (``apptainer exec IMAGE``: the python of an image)."""
-    where = f" in {launcher[-1]}" if launcher else ""
+    by ``launcher`` where given (``apptainer exec`` of ``image``: the python of an image)."""
+    where = f" in {image}" if image else ""
     what = f"reading the GPU code of the torch of {python}{where}"
     environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     try:
