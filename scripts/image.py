@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ptspeed.cell.files import exclusive_lock
 from ptspeed.envs.apptainer import (
+    APPTAINER_COMMANDS,
     SIF_LOCK,
     SifPlan,
+    apptainer_command,
     check_build_space,
     check_room_for_sif,
     image_key,
@@ -126,7 +128,7 @@ def build(args: argparse.Namespace) -> None:
 
 
 def make_sif(args: argparse.Namespace) -> None:
-    plan = SifPlan(args.source, args.engine)
+    plan = SifPlan(args.source, args.engine, apptainer_command() or APPTAINER_COMMANDS[0])
     manifest = ImageManifest.read(args.manifest) if args.manifest else None
     spec = None
     if plan.source != "registry":

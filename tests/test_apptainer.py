@@ -60,6 +60,8 @@ from ptspeed.errors import ConfigError, ContainerError
 
 EMULATOR_DIR = ROOT / "tests" / "fixtures" / "apptainer-emulator"
 EMULATOR = EMULATOR_DIR / "apptainer"
+# The same emulator called as SingularityCE's `singularity` (a link).
+SINGULARITY_DIR = ROOT / "tests" / "fixtures" / "singularity-emulator"
 DEFAULT_CONFIG = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 ENVIRONMENTS = {"torch-1.13": "1.13.1", "torch-2.0": "2.0.1"}
 RUN_TIMEOUT_S = 45 * 60
@@ -159,6 +161,38 @@ def test_without_any_builder_the_run_stops_with_one_line(tmp_path: Path) -> None
     assert done.returncode == 1
     assert NO_BUILDER in done.stdout.splitlines(), done.stdout[-3000:]
     assert "Traceback" not in done.stdout
+
+
+@pytest.mark.workflow
+def test_singularity_builds_and_runs_the_images_where_apptainer_is_absent(tmp_path: Path) -> None:
+    """SingularityCE's `singularity` alone, as Snakemake takes it: rule sif builds with it; a
+    SingularityCE older than 4.0 (no --build-arg) is refused in one line before any job."""
+    path = f"{SINGULARITY_DIR}{os.pathsep}{bare_path(tmp_path / 'bin')}"
+    done = snakemake("-n", "--use-singularity", env={**os.environ, "PATH": path})
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "ptspeed: images: singularity build --fakeroot of docker/ptspeed.def" in done.stdout
+    old = {**os.environ, "PATH": path, "PTSPEED_SINGULARITY_CE_VERSION": "3.11.5"}
+    done = snakemake("-n", "--use-singularity", env=old)
+    assert done.returncode == 1
+    assert (
+        "containers: singularity here is SingularityCE 3.11.5, whose build lacks --build-arg"
+    ) in done.stdout, done.stdout[-3000:]
+    assert "Traceback" not in done.stdout
+
+
+def test_the_sif_is_made_by_the_command_found(tmp_path: Path) -> None:
+    found = {"singularity": "/usr/bin/singularity"}.get
+    settings = {"images": "build", "builder": "auto"}
+    plan = plan_sif(settings, lambda _: False, found, lambda _: "singularity-ce version 4.1.5")
+    assert plan == SifPlan("definition", command="singularity")
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t")
+    (command,) = sif_commands(plan, tmp_path / "x.sif", spec, ROOT)
+    assert command[:3] == ["singularity", "build", "--force"]
+    pulled = plan_sif({"images": "pull", "builder": "auto"}, bool, found)
+    (pull,) = sif_commands(pulled, tmp_path / "x.sif", None, ROOT, reference=f"docker://r@{DIGEST}")
+    assert pull[0] == "singularity"
+    with pytest.raises(ConfigError, match=r"^containers: singularity here is 'no --version'"):
+        plan_sif(settings, lambda _: False, found, lambda _: "")
 
 
 @pytest.mark.parametrize(
@@ -960,6 +994,26 @@ def test_emulator_builds_as_apptainer_does(tmp_path: Path) -> None:
     definition.write_text(BIND_DEFINITION + setup)
     unused = emulator("build", "--build-arg", "UNUSED=1", str(tmp_path / "y.sif"), str(definition))
     assert unused.returncode == 255 and "unused build args: UNUSED." in unused.stderr
+
+
+@pytest.mark.container
+def test_emulator_as_singularity_reads_only_singularity_variables(tmp_path: Path) -> None:
+    need_debian_base()
+    singularity = SINGULARITY_DIR / "singularity"
+    sif = tmp_path / "x.sif"
+    env = {**os.environ, "PATH": f"{SINGULARITY_DIR}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([str(singularity), "build", str(sif), f"docker-daemon:{DEBIAN_BASE}"],
+                   env=env, check=True, capture_output=True)  # fmt: skip
+    show = 'echo "${GREETING-unset}|${SINGULARITY_NAME-}|${APPTAINER_NAME-}"'
+    done = subprocess.run(
+        [str(singularity), "exec", str(sif), "sh", "-c", show], capture_output=True, text=True,
+        env={**env, "APPTAINERENV_GREETING": "a", "APPTAINER_CONTAIN": "1"}, check=False,
+    )  # fmt: skip
+    assert done.stdout.strip() == "unset|x.sif|", done.stderr
+    done = subprocess.run([str(singularity), "exec", str(sif), "sh", "-c", show],
+                          capture_output=True, text=True, check=False,
+                          env={**env, "SINGULARITYENV_GREETING": "b"})  # fmt: skip
+    assert done.stdout.strip().startswith("b|")
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,10 @@ from ptspeed.errors import ConfigError, ContainerError
 BUILDERS = ("auto", *ENGINES, "apptainer")
 # Apptainer's command, then SingularityCE's (the older name, which some sites still install).
 APPTAINER_COMMANDS = ("apptainer", "singularity")
+# The SingularityCE whose build takes --build-arg and %arguments (its CHANGELOG, 4.0.0); older
+# ones (3.11) run the images and convert docker's, but cannot build docker/ptspeed.def.
+SINGULARITY_CE_BUILDS = (4, 0)
+SINGULARITY_CE_VERSION = re.compile(r"singularity-ce version (\d+\.\d+(?:\.\d+)?)")
 PROBES = {"docker": "`docker version`", "podman": "`podman info`"}
 DEFINITION = Path("docker/ptspeed.def")
 # Where docker/install.sh finds uv's cache in an Apptainer build (its default UV_CACHE_DIR).
@@ -108,17 +113,46 @@ class SifPlan:
 
     source: str
     engine: str | None = None
+    # apptainer, or SingularityCE's singularity where there is no apptainer.
+    command: str = "apptainer"
 
     def describe(self) -> str:
         if self.source == "image":
             via = "docker-daemon" if self.engine == "docker" else "a docker archive"
             return (
-                f"images: {self.engine} build of docker/Dockerfile, then apptainer build "
+                f"images: {self.engine} build of docker/Dockerfile, then {self.command} build "
                 f"from {via} -> <env>.sif"
             )
         if self.source == "definition":
-            return "images: apptainer build --fakeroot of docker/ptspeed.def -> <env>.sif"
-        return "images: apptainer build from the registry, by digest -> <env>.sif"
+            return f"images: {self.command} build --fakeroot of docker/ptspeed.def -> <env>.sif"
+        return f"images: {self.command} build from the registry, by digest -> <env>.sif"
+
+
+def command_version(command: str) -> str:
+    """What ``command --version`` prints ('' where it does not answer)."""
+    try:
+        done = subprocess.run(
+            [command, "--version"], capture_output=True, text=True, check=False, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip()
+
+
+def check_singularity_builds(version: str) -> None:
+    """Refuse a SingularityCE (its ``--version``: ``version``) too old to build
+    docker/ptspeed.def: its {{ NAME }} build variables and %arguments came with SingularityCE
+    4.0 (Apptainer has them since 1.2)."""
+    match = SINGULARITY_CE_VERSION.search(version)
+    if match and _version(match.group(1)) >= SINGULARITY_CE_BUILDS:
+        return
+    found = f"SingularityCE {match.group(1)}" if match else repr(version or "no --version")
+    raise ConfigError(
+        f"containers: singularity here is {found}, whose build lacks --build-arg (the templated "
+        f"definition files of SingularityCE >= {'.'.join(map(str, SINGULARITY_CE_BUILDS))}, "
+        "Apptainer >= 1.2): load a newer module, or build with docker or podman "
+        "(containers.builder), or set containers.images: pull"
+    )
 
 
 def apptainer_command(which: Callable[[str], str | None] = shutil.which) -> str | None:
@@ -131,12 +165,15 @@ def plan_sif(
     settings: Mapping[str, Any],
     usable: Callable[[str], bool],
     which: Callable[[str], str | None] = shutil.which,
+    version: Callable[[str], str] = command_version,
 ) -> SifPlan:
     """How this machine makes the Apptainer images, in the order of preference: docker or
     podman (``usable``: ptspeed.envs.containers.engine_usable) then Apptainer, else Apptainer
-    alone; raises :class:`ConfigError`."""
+    alone (or SingularityCE >= 4.0, ``version`` its ``--version``); raises
+    :class:`ConfigError`."""
+    command = apptainer_command(which) or APPTAINER_COMMANDS[0]
     if settings["images"] == "pull":
-        return SifPlan("registry")
+        return SifPlan("registry", command=command)
     builder = settings["builder"]
     if builder not in BUILDERS:
         raise ConfigError(f"containers.builder: {builder!r} is not one of {', '.join(BUILDERS)}")
@@ -147,15 +184,19 @@ def plan_sif(
                 f"({PROBES[builder]} failed): fix it, or set containers.builder: auto to fall "
                 "back to Apptainer"
             )
-        return SifPlan("image", builder)
+        return SifPlan("image", builder, command)
     if builder == "auto":
         engine = next((engine for engine in ENGINES if usable(engine)), None)
         if engine:
-            return SifPlan("image", engine)
-    if which("apptainer"):
-        return SifPlan("definition")
+            return SifPlan("image", engine, command)
+    if apptainer_command(which):
+        if command == "singularity":
+            check_singularity_builds(version(command))
+        return SifPlan("definition", command=command)
     raise ConfigError(
-        NO_BUILDER if builder == "auto" else "containers.builder: apptainer is not on PATH"
+        NO_BUILDER
+        if builder == "auto"
+        else "containers.builder: neither apptainer nor singularity is on PATH"
     )
 
 
@@ -226,7 +267,7 @@ def sif_commands(
     reference: str = "",
 ) -> list[list[str]]:
     """The commands that write ``sif`` (their caller removes :func:`sif_archive` after them)."""
-    build = ["apptainer", "build", "--force"]
+    build = [plan.command, "build", "--force"]
     if plan.source == "registry":
         return [[*build, str(sif), f"docker://{without_tag(strip_scheme(reference))[0]}"]]
     if plan.source == "image":
