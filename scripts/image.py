@@ -166,7 +166,8 @@ def convert(
     size = image_size(manifest.engine, manifest.id) if manifest is not None else None
     if saves_archive(plan) and size is not None:
         check_room_for_sif(args.env, target.parent, size)
-    check_build_space(args.env, size)
+    for note in check_build_space(args.env, size, command=plan.command):
+        print(f"images: {note}", flush=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     commands = sif_commands(plan, partial, spec, PROJECT, manifest, args.uri)
     try:

@@ -285,6 +285,48 @@ def test_a_build_needs_room_where_apptainer_unpacks_and_caches(tmp_path: Path) -
         check_build_space("torch-2.0", free // 2 + 10**9, same_disk)  # both on one disk
 
 
+QUOTA = ROOT / "tests" / "fixtures" / "quota" / "quota"
+
+
+def test_the_build_space_check_reads_the_singularity_names_too(tmp_path: Path) -> None:
+    """Site modules still set SINGULARITY_*: Apptainer honours them after its own names,
+    SingularityCE reads them alone (and keeps its cache in ~/.singularity)."""
+    legacy = {"SINGULARITY_TMPDIR": "/scratch/tmp", "SINGULARITY_CACHEDIR": "/scratch/cache"}
+    places = build_places(legacy)
+    assert [(p.variable, p.path) for p in places] == [
+        ("SINGULARITY_TMPDIR", Path("/scratch/tmp")),
+        ("SINGULARITY_CACHEDIR", Path("/scratch/cache/cache")),
+    ]
+    both = {**legacy, "APPTAINER_TMPDIR": "/fast"}
+    assert build_places(both)[0].path == Path("/fast")
+    assert build_places(both, "singularity")[0].path == Path("/scratch/tmp")
+    configured = build_places({"SINGULARITY_CONFIGDIR": "/scratch/conf"})
+    assert configured[1].path == Path("/scratch/conf/cache")
+    assert build_places({"APPTAINER_CACHEDIR": "/a"}, "singularity")[1].path == (
+        Path.home() / ".singularity/cache"
+    )
+
+
+def test_the_build_space_check_counts_the_users_quota(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A home quota smaller than the disk's free space stops the build in the same one line,
+    naming the quota; where no `quota` answers, the check says it counts the disk only."""
+    environ = {"APPTAINER_TMPDIR": str(tmp_path), "APPTAINER_CACHEDIR": str(tmp_path / "c")}
+    monkeypatch.setenv("PTSPEED_QUOTA_KIB", f"{2 * 10**6}:{4 * 10**6}:{5 * 10**6}")
+    assert check_build_space("torch-2.0", 10**9, environ, quota=str(QUOTA)) == []
+    with pytest.raises(ContainerError) as error:
+        check_build_space("torch-2.0", 2 * 10**9, environ, quota=str(QUOTA))
+    assert f"APPTAINER_TMPDIR ({tmp_path}, where it unpacks the image): 3.1 GB left of your " \
+        "quota" in str(error.value)  # fmt: skip
+    monkeypatch.delenv("PTSPEED_QUOTA_KIB")  # a filesystem without quotas
+    assert check_build_space("torch-2.0", 10**9, environ, quota=str(QUOTA)) == []
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    (note,) = check_build_space("torch-2.0", 10**9, environ)
+    assert note.endswith(": no `quota` command here to read your quota: the check counts the "
+                         "disk's free space only")  # fmt: skip
+
+
 def test_a_cuda_base_newer_than_the_driver_is_refused() -> None:
     base = "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04@" + DIGEST
     check_driver("torch-2.14", base, "570.124.06")
