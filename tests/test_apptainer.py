@@ -230,6 +230,35 @@ def test_podman_that_cannot_run_is_not_chosen(
         plan_sif({**settings, "builder": "podman"}, engine_usable, apptainer)
 
 
+ROOTLESS_MAPS = {
+    # Rootless podman without a subuid range: the user alone, as `podman info` says it.
+    "single": '[{"container_id":0,"host_id":1000,"size":1}]',
+    # With one (/etc/subuid: u:100000:65536).
+    "subuids": '[{"container_id":0,"host_id":1000,"size":1},'
+    '{"container_id":1,"host_id":100000,"size":65536}]',
+}
+
+
+@pytest.mark.parametrize(("maps", "usable"), [("single", False), ("subuids", True)])
+def test_podman_whose_user_namespace_maps_one_id_is_not_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, maps: str, usable: bool
+) -> None:
+    """`podman info` succeeds without subuids, yet such a podman cannot unpack a CUDA base
+    (files of other users): it is not chosen, and Apptainer builds from the definition."""
+    fake = tmp_path / "podman"
+    answer = f'{{"gidmap":{ROOTLESS_MAPS[maps]},"uidmap":{ROOTLESS_MAPS[maps]}}}'
+    fake.write_text(f"#!/bin/sh\n[ \"$1\" = info ] || exit 125\necho '{answer}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert engine_usable("podman") is usable
+    settings = {"images": "build", "builder": "auto"}
+    plan = plan_sif(settings, engine_usable, {"apptainer": "/usr/bin/apptainer"}.get)
+    assert plan.source == ("image" if usable else "definition")
+    if not usable:
+        with pytest.raises(ConfigError, match=r"its user namespace maps one user ID"):
+            plan_sif({**settings, "builder": "podman"}, engine_usable)
+
+
 def test_sif_commands_for_each_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = BuildSpec(
         "torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", uv_cache=tmp_path / "uv"

@@ -39,7 +39,10 @@ APPTAINER_COMMANDS = ("apptainer", "singularity")
 # ones (3.11) run the images and convert docker's, but cannot build docker/ptspeed.def.
 SINGULARITY_CE_BUILDS = (4, 0)
 SINGULARITY_CE_VERSION = re.compile(r"singularity-ce version (\d+\.\d+(?:\.\d+)?)")
-PROBES = {"docker": "`docker version`", "podman": "`podman info`"}
+PROBES = {
+    "docker": "`docker version` failed",
+    "podman": "`podman info` failed, or its user namespace maps one user ID: no subuid range",
+}
 DEFINITION = Path("docker/ptspeed.def")
 # Where docker/install.sh finds uv's cache in an Apptainer build (its default UV_CACHE_DIR).
 BUILD_UV_CACHE = "/var/cache/uv"
@@ -183,7 +186,7 @@ def plan_sif(
         if not usable(builder):
             raise ConfigError(
                 f"containers.builder: {builder} is not on PATH or cannot run here "
-                f"({PROBES[builder]} failed): fix it, or set containers.builder: auto to fall "
+                f"({PROBES[builder]}): fix it, or set containers.builder: auto to fall "
                 "back to Apptainer"
             )
         return SifPlan("image", builder, command)

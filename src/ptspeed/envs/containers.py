@@ -60,6 +60,8 @@ BROUGHT_FORMS = (
 )
 ENGINE_TIMEOUT_S = 120
 ENGINE_PROBE_TIMEOUT_S = 30
+# `podman info`, answering with the user namespace's ID maps.
+PODMAN_PROBE = ("info", "--format", "{{json .Host.IDMappings}}")
 
 
 @dataclass(frozen=True)
@@ -166,18 +168,33 @@ def engine_for_images(settings: Mapping[str, Any], usable: Callable[[str], bool]
 
 def engine_usable(engine: str) -> bool:
     """Whether ``engine`` can build here: on PATH, and it answers: docker's daemon (a docker
-    client without a daemon is common on clusters), podman's own check (`podman info`: rootless
-    podman without subuids, usual on login nodes, is on PATH yet cannot run)."""
+    client without a daemon is common on clusters); podman's own check (`podman info`), whose
+    user namespace maps more than one ID: rootless podman without a subuid range (usual on
+    login nodes) answers `podman info`, but maps the user alone and cannot unpack a CUDA base,
+    whose files belong to other users."""
     if shutil.which(engine) is None:
         return False
-    probe = ["version", "--format", "{{.Server.Version}}"] if engine == "docker" else ["info"]
+    probe = ["version", "--format", "{{.Server.Version}}"] if engine == "docker" else PODMAN_PROBE
     try:
         answer = subprocess.run(
-            [engine, *probe], capture_output=True, check=False, timeout=ENGINE_PROBE_TIMEOUT_S
-        )
+            [engine, *probe],
+            capture_output=True, text=True, check=False, timeout=ENGINE_PROBE_TIMEOUT_S,
+        )  # fmt: skip
     except subprocess.TimeoutExpired:
         return False
-    return answer.returncode == 0
+    if answer.returncode != 0:
+        return False
+    return engine == "docker" or mapped_ids(answer.stdout) != 1
+
+
+def mapped_ids(id_mappings: str) -> int | None:
+    """How many user IDs podman's user namespace maps (``podman info``'s Host.IDMappings as
+    JSON); None where it has none (rootful podman shares the host's IDs) or says nothing."""
+    try:
+        uidmap = (json.loads(id_mappings) or {}).get("uidmap") or []
+        return sum(int(entry["size"]) for entry in uidmap) or None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def host_uv_cache() -> Path:
