@@ -259,6 +259,33 @@ def test_podman_whose_user_namespace_maps_one_id_is_not_chosen(
             plan_sif({**settings, "builder": "podman"}, engine_usable)
 
 
+@pytest.mark.workflow
+def test_a_cluster_job_takes_the_login_nodes_plan_and_probes_nothing(tmp_path: Path) -> None:
+    """The main process asks podman once and hands its plan to the jobs it submits (sbatch
+    exports its environment); a job (Snakemake's remote mode) on a node without podman plans
+    the sif as the login node did, so the sif is not made again there, and asks nothing."""
+    bin_dir = tmp_path / "bin"
+    path = bare_path(bin_dir)
+    calls = tmp_path / "podman-calls"
+    (bin_dir / "podman").write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\necho \'{{"uidmap":{ROOTLESS_MAPS["subuids"]}}}\'\n'
+    )
+    (bin_dir / "podman").chmod(0o755)
+    done = snakemake("-n", "--use-singularity", env=with_emulator(path))
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert calls.read_text().splitlines() == ["info --format {{json .Host.IDMappings}}"]
+    (plan_line,) = [line for line in done.stdout.splitlines() if "ptspeed: images:" in line]
+    assert "podman build" in plan_line
+    calls.unlink()
+    (bin_dir / "podman").unlink()  # the GPU node has no podman
+    plan = SifPlan("image", "podman").to_text()
+    job = snakemake("-n", "--use-singularity", "--mode", "remote",
+                    env={**with_emulator(path), "PTSPEED_SIF_PLAN": plan})  # fmt: skip
+    assert job.returncode == 0, job.stdout[-3000:]
+    assert not calls.exists()
+    assert jobs(job.stdout, "image"), "the sif is still made of podman's image, as planned"
+
+
 def test_sif_commands_for_each_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = BuildSpec(
         "torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", uv_cache=tmp_path / "uv"

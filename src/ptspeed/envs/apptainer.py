@@ -8,13 +8,14 @@ This module needs no torch and no Snakemake.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,10 @@ from ptspeed.envs.containers import (
 from ptspeed.errors import ConfigError, ContainerError
 
 BUILDERS = ("auto", *ENGINES, "apptainer")
+# How the main process makes the images (SifPlan.to_text), for the cluster jobs it submits
+# (sbatch exports its environment): a job then probes no engine and plans the sif's params as
+# the login node that made the sif did, so that a node without that builder never rebuilds it.
+SIF_PLAN_VARIABLE = "PTSPEED_SIF_PLAN"
 # Apptainer's command, then SingularityCE's (the older name, which some sites still install).
 APPTAINER_COMMANDS = ("apptainer", "singularity")
 # The SingularityCE whose build takes --build-arg and %arguments (its CHANGELOG, 4.0.0); older
@@ -120,6 +125,17 @@ class SifPlan:
     engine: str | None = None
     # apptainer, or SingularityCE's singularity where there is no apptainer.
     command: str = "apptainer"
+
+    def to_text(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_text(cls, text: str) -> SifPlan:
+        """The plan :meth:`to_text` wrote; raises :class:`ConfigError` naming the variable."""
+        try:
+            return cls(**json.loads(text))
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{SIF_PLAN_VARIABLE}: {text!r} is not a plan ({error})") from None
 
     def describe(self) -> str:
         if self.source == "image":
