@@ -53,6 +53,7 @@ from ptspeed.envs.containers import (
     image_size,
     pull_image,
     push_image,
+    run_streamed,
 )
 from ptspeed.errors import ContainerError
 
@@ -173,7 +174,7 @@ def convert(
     try:
         for command in commands:
             print("+", " ".join(command), flush=True)
-            subprocess.run(command, check=True)
+            run_streamed(command)
         digest_file.write_text(sif_digest(plan, partial, manifest, args.uri) + "\n")
         partial.replace(target)
     finally:

@@ -52,6 +52,7 @@ from ptspeed.envs.containers import (
     ImageManifest,
     digest_of,
     engine_usable,
+    failure_cause,
     inspect_image,
     push_image,
     without_tag,
@@ -840,6 +841,48 @@ def test_an_image_without_torch_is_named_in_one_line_when_brought(tmp_path: Path
         "failed (exit 1): ModuleNotFoundError: No module named 'torch'"
     )
     assert not record.exists() and not digest.exists()
+
+
+@pytest.mark.parametrize(
+    ("output", "kind"),
+    [
+        # Apptainer 1.3, --fakeroot without a subuid range.
+        ("FATAL:   could not use fakeroot: no mapping entry found in /etc/subuid for alice",
+         "fakeroot"),
+        # uv and pip writing a wheel to a full disk, podman to its storage.
+        ("error: Failed to write to the distribution cache: No space left on device (os error 28)",
+         "space"),
+        ("OSError: [Errno 122] Disk quota exceeded: '/home/alice/.apptainer/cache/blob'", "space"),
+        # pip behind a site that reaches PyPI only through its mirror.
+        ("WARNING: Retrying ... Failed to establish a new connection: [Errno 111] Connection "
+         "refused')': /simple/torch/", "network"),
+        ("Err:1 http://archive.ubuntu.com/ubuntu jammy InRelease  Temporary failure in name "
+         "resolution", "network"),
+        ("Error: no container image matching", ""),
+    ],
+)  # fmt: skip
+def test_a_failed_builds_cause_is_named(output: str, kind: str) -> None:
+    cause = failure_cause(["building...", output, "exit status 1"])
+    assert cause.partition(":")[0] == kind
+    if kind:
+        assert cause.endswith(f"({output.strip()[:200]})")
+
+
+@pytest.mark.container
+def test_a_build_that_cannot_reach_its_registry_says_so_on_the_console(tmp_path: Path) -> None:
+    """The base on a registry no resolver knows (.invalid): the build's one console line says
+    network, what to do, and where the log is."""
+    need_debian_base()
+    config = reduced_matrix(tmp_path)
+    config["environments"]["torch-2.0"]["base_image"] = f"registry.invalid/cuda@{DIGEST}"
+    done = snakemake(
+        "--use-singularity", f"--configfile={write_config(tmp_path, config)}",
+        str(tmp_path / "results/images/torch-2.0.sif"), env=with_emulator(),
+    )  # fmt: skip
+    assert done.returncode == 1
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("ptspeed: error:")]
+    assert ": network: the build cannot reach the network" in line, line
+    assert line.endswith(f"(log: {tmp_path}/results/logs/images/torch-2.0.log)"), line
 
 
 @pytest.fixture

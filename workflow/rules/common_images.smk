@@ -19,7 +19,6 @@ from ptspeed.envs.containers import (
 from ptspeed.envs.realise import Images
 from ptspeed.cell.provenance import nvidia_driver_version
 
-
 # Each engine is asked once per process (docker's daemon, podman's ID maps: up to 30 s each).
 usable_here = functools.cache(engine_usable)
 
@@ -117,3 +116,8 @@ def brought_image_input(wildcards):
     registry's is pinned by its digest."""
     image = REALISATION.brought(wildcards.env)
     return {"image": image} if is_local_image(image) else {}
+
+
+# After a failed image job, its cause (the last line of its log: scripts/image.py's error, which
+# names fakeroot, space or network where the output tells) on the console, with the log's path.
+CAUSE_ON_CONSOLE = " || {{ printf 'ptspeed: %s (log: %s)\\n' \"$(tail -n 1 {log:q})\" {log:q} >&2; exit 1; }}"

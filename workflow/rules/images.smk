@@ -41,7 +41,7 @@ if CONTAINERS["images"] == "build":
         shell:
             "{params.python} scripts/image.py build --env {wildcards.env} {params.options}"
             " --requirements {input.requirements:q}"
-            " --manifest {output.manifest:q} > {log:q} 2>&1"
+            " --manifest {output.manifest:q} > {log:q} 2>&1" + CAUSE_ON_CONSOLE
 
 else:
 
@@ -60,7 +60,7 @@ else:
             options=image_pull_options,
         shell:
             "{params.python} scripts/image.py pull --env {wildcards.env} {params.options}"
-            " --manifest {output.manifest:q} > {log:q} 2>&1"
+            " --manifest {output.manifest:q} > {log:q} 2>&1" + CAUSE_ON_CONSOLE
 
 
 rule sif:
@@ -82,6 +82,7 @@ rule sif:
     shell:
         "{params.python} scripts/image.py sif --env {wildcards.env} {params.options}"
         " --sif {output.sif:q} --digest {output.digest:q} > {log:q} 2>&1"
+        + CAUSE_ON_CONSOLE
 
 
 rule brought_image:
@@ -105,3 +106,4 @@ rule brought_image:
     shell:
         "{params.python} scripts/brought_image.py --env {wildcards.env} --image {params.image:q}"
         " --record {output.record:q} --digest {output.digest:q} > {log:q} 2>&1"
+        + CAUSE_ON_CONSOLE

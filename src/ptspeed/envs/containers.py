@@ -13,12 +13,14 @@ This module needs no torch and no Snakemake.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -59,6 +61,37 @@ BROUGHT_FORMS = (
     "a .sif path, docker://name@sha256:…, oras://name@sha256:… or library://path:sha256.…"
 )
 ENGINE_TIMEOUT_S = 120
+# What a failed build's output says of its cause, in the words of Apptainer, podman, docker,
+# apt, pip and uv (read from their last FAILURE_TAIL_LINES lines), and what to do about it.
+FAILURE_TAIL_LINES = 400
+FAILURE_LINE_CHARS = 200
+FAILURE_CAUSES = (
+    (
+        "fakeroot",
+        re.compile(r"fakeroot|/etc/sub[ug]id|newuidmap|newgidmap", re.IGNORECASE),
+        "--fakeroot is not set up for you (a subuid range): ask the site for one (`apptainer "
+        "config fakeroot --add $USER`), build where docker or podman runs, or set "
+        "containers.images: pull",
+    ),
+    (
+        "space",
+        re.compile(r"no space left on device|disk quota exceeded", re.IGNORECASE),
+        "no room where it writes: set APPTAINER_TMPDIR and APPTAINER_CACHEDIR (podman: its "
+        "storage) to a disk with room, under your quota",
+    ),
+    (
+        "network",
+        re.compile(
+            r"could not resolve|name resolution|name or service not known|no such host"
+            r"|network is unreachable"
+            r"|no route to host|connection (?:refused|reset|timed out)|failed to establish a new "
+            r"connection|tls handshake|i/o timeout|failed to fetch",
+            re.IGNORECASE,
+        ),
+        "the build cannot reach the network: build on a node that can, set HTTPS_PROXY, or name "
+        "the site's package mirror (PIP_INDEX_URL, UV_INDEX_URL, UV_DEFAULT_INDEX)",
+    ),
+)
 ENGINE_PROBE_TIMEOUT_S = 30
 # `podman info`, answering with the user namespace's ID maps.
 PODMAN_PROBE = ("info", "--format", "{{json .Host.IDMappings}}")
@@ -515,7 +548,43 @@ def _outermost(paths: Iterable[Path]) -> list[Path]:
     return kept
 
 
+def failure_cause(output: Iterable[str]) -> str:
+    """Why a build failed, where its output says: fakeroot, space or network, with what to do
+    and the line that tells it ('' where none does). The last telling line wins."""
+    for line in reversed(list(output)):
+        for kind, pattern, advice in FAILURE_CAUSES:
+            if pattern.search(line):
+                return f"{kind}: {advice} ({line.strip()[:FAILURE_LINE_CHARS]})"
+    return ""
+
+
+def run_streamed(command: list[str]) -> None:
+    """Run ``command`` with its output passed on to this process's stdout (the rule's log) as
+    it comes; a failure raises :class:`ContainerError` naming its cause (failure_cause)."""
+    tail: collections.deque[str] = collections.deque(maxlen=FAILURE_TAIL_LINES)
+    try:
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace") as process:  # fmt: skip
+            assert process.stdout is not None
+            for line in process.stdout:
+                sys.stdout.write(line)
+                tail.append(line)
+            returncode = process.wait()
+    except FileNotFoundError:
+        raise ContainerError(f"{command[0]}: not found on PATH") from None
+    sys.stdout.flush()
+    if returncode != 0:
+        cause = failure_cause(tail)
+        raise ContainerError(
+            f"{command[0]} {command[1]} failed (exit {returncode})"
+            + (f": {cause}" if cause else "")
+        )
+
+
 def _check_call(command: list[str], timeout: float | None) -> None:
+    if timeout is None:
+        run_streamed(command)
+        return
     try:
         subprocess.run(command, check=True, timeout=timeout)
     except FileNotFoundError:
