@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -51,9 +52,11 @@ from ptspeed.envs.containers import (
     build_tag,
     host_uv_cache,
     image_size,
+    package_index_settings,
     pull_image,
     push_image,
     run_streamed,
+    write_index_secret,
 )
 from ptspeed.errors import ContainerError
 
@@ -101,6 +104,8 @@ def spec_of(args: argparse.Namespace, tag: str) -> BuildSpec:
         base_image=args.base_image,
         ca_bundle=args.ca_bundle,
         uv_cache=host_uv_cache(),
+        # Written for this build alone, and gone after it (main's scratch directory).
+        package_index=write_index_secret(package_index_settings(), args.scratch),
     )
 
 
@@ -185,12 +190,14 @@ def convert(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        if args.action == "build":
-            build(args)
-        elif args.action == "pull":
-            pull_image(args.engine, args.env, args.uri).write(args.manifest)
-        else:
-            make_sif(args)
+        with tempfile.TemporaryDirectory(prefix="ptspeed-image-secrets-") as scratch:
+            args.scratch = Path(scratch)
+            if args.action == "build":
+                build(args)
+            elif args.action == "pull":
+                pull_image(args.engine, args.env, args.uri).write(args.manifest)
+            else:
+                make_sif(args)
     except (ContainerError, OSError, subprocess.CalledProcessError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

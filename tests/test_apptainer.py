@@ -50,12 +50,15 @@ from ptspeed.envs.apptainer import (
 from ptspeed.envs.containers import (
     BuildSpec,
     ImageManifest,
+    build_command,
     digest_of,
     engine_usable,
     failure_cause,
     inspect_image,
+    package_index_settings,
     push_image,
     without_tag,
+    write_index_secret,
 )
 from ptspeed.errors import ConfigError, ContainerError
 
@@ -1010,7 +1013,8 @@ def definition_sections() -> dict[str, str]:
 
 def bootstrap_command(tmp_path: Path, base_image: str = "") -> list[str]:
     spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", base_image,
-                     ca_bundle=tmp_path / "ca.crt", uv_cache=tmp_path / "uv")  # fmt: skip
+                     ca_bundle=tmp_path / "ca.crt", uv_cache=tmp_path / "uv",
+                     package_index=tmp_path / "package_index")  # fmt: skip
     (command,) = sif_commands(SifPlan("definition"), tmp_path / "x.sif", spec, ROOT)
     return command
 
@@ -1024,10 +1028,64 @@ def test_the_definitions_setup_makes_every_build_binds_destination(tmp_path: Pat
                    check=True)  # fmt: skip
     command = bootstrap_command(tmp_path)
     destinations = [command[i + 1].split(":")[1] for i, a in enumerate(command) if a == "--bind"]
-    assert len(destinations) == 2
+    assert len(destinations) == 3
     for destination in destinations:
         assert (rootfs / destination.lstrip("/")).exists(), destination
     assert not any((rootfs / "var/cache/uv").iterdir())  # the cache's content stays outside
+
+
+MIRROR = "https://ptspeed:s3cret-token@mirror.example.org/pypi/simple"
+
+
+def test_the_sites_package_index_reaches_the_build_as_a_secret_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PIP_INDEX_URL (a token in it) and pip.conf's extra index reach the build as a file that
+    only its owner reads, bound or mounted as a secret: in no argument of any build command,
+    so in no history, label or kept definition file."""
+    pip_conf = tmp_path / "pip.conf"
+    pip_conf.write_text("[global]\nextra-index-url = https://extra.example.org/simple\n")
+    environ = {"PIP_INDEX_URL": MIRROR, "PIP_CONFIG_FILE": str(pip_conf), "HOME": str(tmp_path)}
+    settings = package_index_settings(environ)
+    assert settings == {"PIP_INDEX_URL": MIRROR,
+                        "PIP_EXTRA_INDEX_URL": "https://extra.example.org/simple"}  # fmt: skip
+    assert package_index_settings({"HOME": str(tmp_path)}) == {}
+    secret = write_index_secret(settings, tmp_path)
+    assert secret is not None and secret.stat().st_mode & 0o777 == 0o600
+    assert f"PIP_INDEX_URL={MIRROR}\n" in secret.read_text()
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t",
+                     package_index=secret)  # fmt: skip
+    (definition,) = sif_commands(SifPlan("definition"), tmp_path / "x.sif", spec, ROOT)
+    assert f"{secret}:/run/secrets/package_index" in definition
+    engine_build = build_command("podman", spec, tmp_path, ROOT / "docker/Dockerfile")
+    assert f"id=package_index,src={secret}" in engine_build
+    for command in (definition, engine_build):
+        assert not [argument for argument in command if "s3cret" in argument]
+
+
+@pytest.mark.container
+def test_emulator_runs_post_with_a_clean_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Apptainer's %post sees none of the host's variables (a site's PIP_INDEX_URL does not
+    reach it); a file bound into the build does."""
+    need_debian_base()
+    definition = tmp_path / "index.def"
+    definition.write_text(
+        f"Bootstrap: docker\nFrom: {DEBIAN_BASE}\n\n%setup\n    mkdir -p ${{APPTAINER_ROOTFS}}/run"
+        "/secrets\n    touch ${APPTAINER_ROOTFS}/run/secrets/package_index\n\n%post\n"
+        '    echo "host: ${PIP_INDEX_URL-unset}" > /opt/index.txt\n'
+        "    . /run/secrets/package_index\n"
+        '    echo "bound: ${PIP_INDEX_URL-unset}" >> /opt/index.txt\n'
+    )
+    secret = write_index_secret({"PIP_INDEX_URL": MIRROR}, tmp_path)
+    monkeypatch.setenv("PIP_INDEX_URL", "https://from-the-host.example.org/simple")
+    sif = tmp_path / "x.sif"
+    made = emulator("build", "--bind", f"{secret}:/run/secrets/package_index", str(sif),
+                    str(definition), PIP_INDEX_URL="https://host.example.org")  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    shown = image_exec(sif, "cat", "/opt/index.txt")
+    assert shown.stdout.splitlines() == ["host: unset", f"bound: {MIRROR}"]
 
 
 def test_the_definition_takes_its_base_by_digest_alone_and_every_argument_it_is_given() -> None:

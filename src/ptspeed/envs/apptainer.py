@@ -22,6 +22,7 @@ from typing import Any
 from ptspeed.envs.containers import (
     CA_SECRET_ID,
     ENGINES,
+    INDEX_SECRET_ID,
     RECIPE,
     RECIPE_FILES,
     BuildSpec,
@@ -310,6 +311,8 @@ def sif_commands(
         build += ["--build-arg", f"{name}={value}"]
     if spec.ca_bundle is not None:
         build += ["--bind", f"{spec.ca_bundle}:/run/secrets/{CA_SECRET_ID}"]
+    if spec.package_index is not None:
+        build += ["--bind", f"{spec.package_index}:/run/secrets/{INDEX_SECRET_ID}"]
     if spec.uv_cache is not None:
         build += ["--bind", f"{spec.uv_cache}:{BUILD_UV_CACHE}"]
     return [[*build, str(sif), str(project / DEFINITION)]]

@@ -14,10 +14,12 @@ This module needs no torch and no Snakemake.
 from __future__ import annotations
 
 import collections
+import configparser
 import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -48,6 +50,18 @@ RECIPE_FILES = (INSTALL_SCRIPT, UV_REQUIREMENTS)
 # Where a podman build mounts the host's uv cache (docker/Dockerfile, ARG UV_CACHE_DIR).
 HOST_UV_CACHE_TARGET = "/var/cache/uv-host"
 CA_SECRET_ID = "ca_bundle"
+# The site's package index (a mirror, often with a token in its URL) reaches a build as a
+# secret file of NAME=value lines that docker/install.sh reads, never as a build argument: a
+# build argument stays in the image's history (docker history) and, in Apptainer, in the
+# definition file the SIF keeps.
+INDEX_SECRET_ID = "package_index"
+INDEX_VARIABLES = (
+    "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST",
+    "UV_DEFAULT_INDEX", "UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INSECURE_HOST",
+)  # fmt: skip
+# pip's settings of the same names in its configuration files (pip.conf's [global] section).
+PIP_CONFIG_KEYS = {"index-url": "PIP_INDEX_URL", "extra-index-url": "PIP_EXTRA_INDEX_URL",
+                   "trusted-host": "PIP_TRUSTED_HOST"}  # fmt: skip
 # Variables of the caller that a cell in a container must see: the GPU choice made by SLURM or
 # the user, the GPU lock directory shared by the cells of a node, the commit of the code.
 PASSED_VARIABLES = (VISIBLE_DEVICES_VARIABLE, COUNT_VARIABLE, GIT_COMMIT_VARIABLE)
@@ -109,6 +123,8 @@ class BuildSpec:
     ca_bundle: Path | None = None
     # The host's uv cache, mounted into the build so that its wheels are not downloaded again.
     uv_cache: Path | None = None
+    # The site's package index settings (write_index_secret), a build secret.
+    package_index: Path | None = None
 
     def build_arguments(self) -> dict[str, str]:
         text = self.requirements.read_text(encoding="utf-8")
@@ -394,7 +410,37 @@ def build_command(engine: str, spec: BuildSpec, context: Path, recipe: Path) -> 
         command += ["--build-arg", f"{name}={value}"]
     if spec.ca_bundle is not None:
         command += ["--secret", f"id={CA_SECRET_ID},src={spec.ca_bundle}"]
+    if spec.package_index is not None:
+        command += ["--secret", f"id={INDEX_SECRET_ID},src={spec.package_index}"]
     return [*command, str(context)]
+
+
+def package_index_settings(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The site's pip and uv index settings: its variables (INDEX_VARIABLES), and pip's
+    configuration files' where no variable sets them (PIP_CONFIG_FILE, else the user's and
+    the system's pip.conf)."""
+    settings = {name: environ[name] for name in INDEX_VARIABLES if environ.get(name)}
+    home = Path(environ.get("HOME") or Path.home())
+    files = [environ.get("PIP_CONFIG_FILE", ""), "/etc/pip.conf",
+             str(home / ".pip/pip.conf"), str(home / ".config/pip/pip.conf")]  # fmt: skip
+    parser = configparser.ConfigParser()
+    parser.read([f for f in files if f], encoding="utf-8")  # later files win, as in pip
+    for key, name in PIP_CONFIG_KEYS.items():
+        value = parser.get("global", key, fallback="").strip()
+        if value and name not in settings:
+            settings[name] = " ".join(value.split())
+    return settings
+
+
+def write_index_secret(settings: Mapping[str, str], directory: Path) -> Path | None:
+    """The settings as a file only its owner reads (NAME='value' lines), None without any."""
+    if not settings:
+        return None
+    secret = directory / INDEX_SECRET_ID
+    secret.touch(mode=0o600)
+    lines = (f"{name}={shlex.quote(value)}\n" for name, value in settings.items())
+    secret.write_text("".join(lines), encoding="utf-8")
+    return secret
 
 
 def stage_context(spec: BuildSpec, project: Path, destination: Path) -> Path:
