@@ -51,6 +51,7 @@ from ptspeed.envs.containers import (
     BuildSpec,
     ImageManifest,
     build_command,
+    check_container_config,
     digest_of,
     engine_usable,
     failure_cause,
@@ -414,6 +415,30 @@ def test_pull_takes_images_by_digest_only(tmp_path: Path) -> None:
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("config:")]
     assert "containers.images pull takes an image pinned by digest" in line
     assert "docker://r.example/p/torch-1.13@sha256:…" in line
+
+
+@pytest.mark.parametrize(
+    ("image", "refused"),
+    [
+        (f"docker://nvcr.io/nvidia/pytorch:22.11-py3@{DIGEST}", ""),
+        (f"oras://ghcr.io/site/pytorch@{DIGEST}", ""),
+        ("library://site/default/pytorch:sha256." + "ab" * 32, ""),
+        ("oras://ghcr.io/site/pytorch:22.11", "is not pinned"),
+        ("library://site/default/pytorch:latest", "is not pinned"),
+        (f"shub://site/pytorch@{DIGEST}", "is not pinned"),
+        ("missing.sif", "is not a file"),
+    ],
+)
+def test_an_image_a_site_brings_is_pinned_or_a_file(image: str, refused: str) -> None:
+    config = {
+        "containers": {"runtime": "apptainer", "push": False, "ca_bundle": ""},
+        "environments": {"site": {"kind": "image", "image": image}},
+    }
+    if not refused:
+        check_container_config(config, in_apptainer=True)
+        return
+    with pytest.raises(ConfigError, match=rf"^environments\.site\.image: .* {refused}"):
+        check_container_config(config, in_apptainer=True)
 
 
 NGC_CONFIG = ROOT / "config" / "ngc-hopper.yaml"

@@ -207,6 +207,11 @@ def test_the_image_targets_are_the_manifests_or_else_the_sifs(tmp_path: Path) ->
     assert images(tmp_path, SifPlan("definition")).targets() == [
         "results/images/venv.sif", "results/images/boxed.sif",
     ]  # fmt: skip
+    # `snakemake images` makes the images the matrix's cells use, not every configured one.
+    assert images(tmp_path, SifPlan("definition")).targets({"boxed"}) == [
+        "results/images/boxed.sif"
+    ]
+    assert images(tmp_path).targets({"venv"}) == ["results/images/venv.json"]
 
 
 def test_sif_inputs_and_options_follow_the_plan(tmp_path: Path) -> None:

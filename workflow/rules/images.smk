@@ -14,7 +14,7 @@ include: "common_images.smk"
 
 rule images:
     input:
-        IMAGES.targets(),
+        IMAGES.targets({cell.env for cell in CELLS}),
     localrule: True
 
 

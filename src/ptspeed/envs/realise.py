@@ -289,15 +289,20 @@ class Images:
         options += ["--requirements", self.requirements(env)]
         return quoted([*options, *self.recipe_options(env)])
 
-    def targets(self) -> list[str]:
-        """What `snakemake images` makes: under Apptainer every <env>.sif (with what it is made
-        of) and the record of every image a site brings, else every image's manifest."""
+    def targets(self, used: Iterable[str] | None = None) -> list[str]:
+        """What `snakemake images` makes, of the environments ``used`` by the matrix's cells
+        (None: every one): under Apptainer every <env>.sif (with what it is made of) and the
+        record of every image a site brings, else every image's manifest."""
         realisation = self.realisation
+        wanted = set(realisation.environments if used is None else used)
         brought = [
             environment_record_path(realisation.results, env)
             for env in realisation.brought_environments()
+            if env in wanted
         ]
-        sifs = [realisation.sif(env) for env in realisation.sif_environments()]
+        sifs = [realisation.sif(env) for env in realisation.sif_environments() if env in wanted]
         if self.sif_plan or brought:
             return [*(sifs if self.sif_plan else []), *brought]
-        return [realisation.manifest(env) for env in realisation.image_environments()]
+        return [
+            realisation.manifest(env) for env in realisation.image_environments() if env in wanted
+        ]
