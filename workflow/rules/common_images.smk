@@ -41,8 +41,8 @@ def make_sif_plan():
 
 
 def images_engine():
-    """What builds or pulls the images of rule image: the plan's engine under Apptainer (no
-    second probe), else containers.engine_for_images."""
+    """What builds or pulls the images of the image rule (the plan's engine under Apptainer,
+    with no second probe), else containers.engine_for_images."""
     if SIF_PLAN:
         return SIF_PLAN.engine or ENGINES[0]
     if workflow.remote_exec and CONTAINERS["runtime"] not in ENGINES:
@@ -116,8 +116,3 @@ def brought_image_input(wildcards):
     registry's is pinned by its digest."""
     image = REALISATION.brought(wildcards.env)
     return {"image": image} if is_local_image(image) else {}
-
-
-# After a failed image job, its cause (the last line of its log: scripts/image.py's error, which
-# names fakeroot, space or network where the output tells) on the console, with the log's path.
-CAUSE_ON_CONSOLE = " || {{ printf 'ptspeed: %s (log: %s)\\n' \"$(tail -n 1 {log:q})\" {log:q} >&2; exit 1; }}"

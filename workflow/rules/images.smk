@@ -6,7 +6,8 @@
 # registry) and the cells of that environment run in it: the sif is their input, so a changed
 # lock or recipe rebuilds exactly its image and reruns its cells. An image a site brings (kind
 # image: a .sif, or a registry's by digest) is used as is: rule brought_image reads its torch,
-# CUDA and GPU code from inside it once. `snakemake images` makes them all.
+# CUDA and GPU code from inside it once. `snakemake images` makes them all. A failed job prints
+# its cause (the last line of its log: the script's error) and the log's path on the console.
 
 
 include: "common_images.smk"
@@ -41,7 +42,8 @@ if CONTAINERS["images"] == "build":
         shell:
             "{params.python} scripts/image.py build --env {wildcards.env} {params.options}"
             " --requirements {input.requirements:q}"
-            " --manifest {output.manifest:q} > {log:q} 2>&1" + CAUSE_ON_CONSOLE
+            " --manifest {output.manifest:q} > {log:q} 2>&1"
+            ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
 
 else:
 
@@ -60,7 +62,8 @@ else:
             options=image_pull_options,
         shell:
             "{params.python} scripts/image.py pull --env {wildcards.env} {params.options}"
-            " --manifest {output.manifest:q} > {log:q} 2>&1" + CAUSE_ON_CONSOLE
+            " --manifest {output.manifest:q} > {log:q} 2>&1"
+            ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
 
 
 rule sif:
@@ -82,7 +85,7 @@ rule sif:
     shell:
         "{params.python} scripts/image.py sif --env {wildcards.env} {params.options}"
         " --sif {output.sif:q} --digest {output.digest:q} > {log:q} 2>&1"
-        + CAUSE_ON_CONSOLE
+        ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
 
 
 rule brought_image:
@@ -106,4 +109,4 @@ rule brought_image:
     shell:
         "{params.python} scripts/brought_image.py --env {wildcards.env} --image {params.image:q}"
         " --record {output.record:q} --digest {output.digest:q} > {log:q} 2>&1"
-        + CAUSE_ON_CONSOLE
+        ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
