@@ -153,6 +153,10 @@ def _check_environments(environments: Mapping[str, Any]) -> None:
             raise ConfigError(f"environments.{name}: kind venv needs requirements and python")
         if env["kind"] == "container" and not env.get("container"):
             raise ConfigError(f"environments.{name}: kind container needs container")
+        if env.get("image") and env["kind"] != "image":
+            raise ConfigError(
+                f"environments.{name}.image: only kind image takes an image (kind is {env['kind']})"
+            )
         if env["kind"] == "image" and not env.get("image"):
             raise ConfigError(
                 f"environments.{name}: kind image needs image (a .sif path, docker://…@sha256:…, "
