@@ -492,6 +492,15 @@ def test_the_ngc_example_with_its_digest_runs_the_image_as_is(tmp_path: Path) ->
 
 
 @pytest.mark.workflow
+def test_without_a_brought_image_its_rule_is_not_there(tmp_path: Path) -> None:
+    """Rule brought_image exists only beside an environment that brings its image: otherwise
+    Snakemake would try it for every venv's record (an empty constraint constrains nothing)."""
+    done = snakemake("-n")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "brought_image" not in done.stdout and "Empty file path" not in done.stdout
+
+
+@pytest.mark.workflow
 def test_a_local_sif_a_site_brings_is_the_input_of_its_record(tmp_path: Path) -> None:
     sif = tmp_path / "pytorch.sif"
     sif.write_text("a site's image\n")

@@ -151,11 +151,11 @@ REALISATION = Realisation(
 )
 CONTAINERS = REALISATION.containers
 # Environments whose record rule build_env writes, and those of images a site brings, whose
-# record rule brought_image reads from inside the image.
+# record rule brought_image reads from inside the image. An empty pattern would be no
+# constraint at all: with every environment brought, build_env's matches nothing.
 BROUGHT_ENVS = REALISATION.brought_environments()
-BUILT_ENV_PATTERN = wildcard_constraints(
-    env for env in ENVIRONMENTS if env not in BROUGHT_ENVS
-)["env"]
+BUILT_ENVS = [env for env in ENVIRONMENTS if env not in BROUGHT_ENVS]
+BUILT_ENV_PATTERN = wildcard_constraints(BUILT_ENVS)["env"] or "(?!)"
 BROUGHT_ENV_PATTERN = wildcard_constraints(BROUGHT_ENVS)["env"]
 ENV_CACHE = REALISATION.env_cache
 # A docker or podman image pruned since it was built is built again (its manifest goes).

@@ -115,4 +115,4 @@ def brought_image_input(wildcards):
     """A local image a site brings is its record's input (a replaced file is read again); a
     registry's is pinned by its digest."""
     image = REALISATION.brought(wildcards.env)
-    return {"image": image} if is_local_image(image) else {}
+    return {"image": image} if image and is_local_image(image) else {}

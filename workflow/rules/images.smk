@@ -88,25 +88,28 @@ rule sif:
         ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
 
 
-rule brought_image:
-    input:
-        unpack(brought_image_input),
-    output:
-        record=environment_record_path(RESULTS, "{env}"),
-        digest=f"{RESULTS}/envs/{{env}}.digest",
-    log:
-        f"{RESULTS}/logs/envs/{{env}}.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/envs/{{env}}.tsv"
-    wildcard_constraints:
-        env=BROUGHT_ENV_PATTERN,
-    localrule: True
-    conda:
-        "../../envs/workflow.yaml"
-    params:
-        python=HOST_PYTHON,
-        image=lambda wildcards: REALISATION.brought(wildcards.env),
-    shell:
-        "{params.python} scripts/brought_image.py --env {wildcards.env} --image {params.image:q}"
-        " --record {output.record:q} --digest {output.digest:q} > {log:q} 2>&1"
-        ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
+# Only where some environment brings its image: its record is otherwise build_env's.
+if BROUGHT_ENVS:
+
+    rule brought_image:
+        input:
+            unpack(brought_image_input),
+        output:
+            record=environment_record_path(RESULTS, "{env}"),
+            digest=f"{RESULTS}/envs/{{env}}.digest",
+        log:
+            f"{RESULTS}/logs/envs/{{env}}.log",
+        benchmark:
+            f"{RESULTS}/benchmarks/envs/{{env}}.tsv"
+        wildcard_constraints:
+            env=BROUGHT_ENV_PATTERN,
+        localrule: True
+        conda:
+            "../../envs/workflow.yaml"
+        params:
+            python=HOST_PYTHON,
+            image=lambda wildcards: REALISATION.brought(wildcards.env),
+        shell:
+            "{params.python} scripts/brought_image.py --env {wildcards.env} --image {params.image:q}"
+            " --record {output.record:q} --digest {output.digest:q} > {log:q} 2>&1"
+            ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
