@@ -4,10 +4,14 @@
 #   install.sh system PYTHON_VERSION               the OS's Python, its venv and headers, g++
 #   install.sh python PYTHON_VERSION TORCH_VERSION /opt/venv with exactly the lock, then checks
 #                                                  it and writes its torch's GPU code (GPU_CODE)
-# A CA bundle at /run/secrets/ca_bundle (a build secret) is trusted by apt, pip and uv.
+# A CA bundle at /run/secrets/ca_bundle (a build secret) is trusted by apt, pip and uv. The
+# site's package index (PIP_INDEX_URL, UV_INDEX_URL, ...: NAME='value' lines in the build secret
+# /run/secrets/package_index, which scripts/image.py writes) is used by pip and uv, and is
+# written into no file of the image: a mirror's URL may carry a token.
 set -euo pipefail
 
 CA_BUNDLE=/run/secrets/ca_bundle
+PACKAGE_INDEX=/run/secrets/package_index
 VENV=/opt/venv
 REQUIREMENTS=/opt/ptspeed/requirements.txt
 UV_REQUIREMENTS=/opt/ptspeed/uv.txt
@@ -46,8 +50,24 @@ install_system() {
     "$python" --version
 }
 
+use_package_index() {
+    [[ -s $PACKAGE_INDEX ]] || return 0
+    set -a
+    # shellcheck disable=SC1090
+    . "$PACKAGE_INDEX"
+    set +a
+    # uv reads its own names only: a site that names its mirror to pip alone reaches it too.
+    if [[ -n ${PIP_INDEX_URL:-} && -z ${UV_INDEX_URL:-}${UV_DEFAULT_INDEX:-} ]]; then
+        export UV_DEFAULT_INDEX=$PIP_INDEX_URL
+    fi
+    if [[ -n ${PIP_EXTRA_INDEX_URL:-} && -z ${UV_EXTRA_INDEX_URL:-}${UV_INDEX:-} ]]; then
+        export UV_INDEX=$PIP_EXTRA_INDEX_URL
+    fi
+}
+
 install_python() {
     local python=python$1 torch_version=$2 tools
+    use_package_index
     "$python" -m venv "$VENV"
     tools=$(mktemp -d)
     "$python" -m venv "$tools"

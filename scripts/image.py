@@ -25,14 +25,17 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ptspeed.cell.files import exclusive_lock
 from ptspeed.envs.apptainer import (
+    APPTAINER_COMMANDS,
     SIF_LOCK,
     SifPlan,
+    apptainer_command,
     check_build_space,
     check_room_for_sif,
     image_key,
@@ -49,8 +52,11 @@ from ptspeed.envs.containers import (
     build_tag,
     host_uv_cache,
     image_size,
+    package_index_settings,
     pull_image,
     push_image,
+    run_streamed,
+    write_index_secret,
 )
 from ptspeed.errors import ContainerError
 
@@ -98,6 +104,8 @@ def spec_of(args: argparse.Namespace, tag: str) -> BuildSpec:
         base_image=args.base_image,
         ca_bundle=args.ca_bundle,
         uv_cache=host_uv_cache(),
+        # Written for this build alone, and gone after it (main's scratch directory).
+        package_index=write_index_secret(package_index_settings(), args.scratch),
     )
 
 
@@ -126,7 +134,7 @@ def build(args: argparse.Namespace) -> None:
 
 
 def make_sif(args: argparse.Namespace) -> None:
-    plan = SifPlan(args.source, args.engine)
+    plan = SifPlan(args.source, args.engine, apptainer_command() or APPTAINER_COMMANDS[0])
     manifest = ImageManifest.read(args.manifest) if args.manifest else None
     spec = None
     if plan.source != "registry":
@@ -164,13 +172,14 @@ def convert(
     size = image_size(manifest.engine, manifest.id) if manifest is not None else None
     if saves_archive(plan) and size is not None:
         check_room_for_sif(args.env, target.parent, size)
-    check_build_space(args.env, size)
+    for note in check_build_space(args.env, size, command=plan.command):
+        print(f"images: {note}", flush=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     commands = sif_commands(plan, partial, spec, PROJECT, manifest, args.uri)
     try:
         for command in commands:
             print("+", " ".join(command), flush=True)
-            subprocess.run(command, check=True)
+            run_streamed(command)
         digest_file.write_text(sif_digest(plan, partial, manifest, args.uri) + "\n")
         partial.replace(target)
     finally:
@@ -181,12 +190,14 @@ def convert(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        if args.action == "build":
-            build(args)
-        elif args.action == "pull":
-            pull_image(args.engine, args.env, args.uri).write(args.manifest)
-        else:
-            make_sif(args)
+        with tempfile.TemporaryDirectory(prefix="ptspeed-image-secrets-") as scratch:
+            args.scratch = Path(scratch)
+            if args.action == "build":
+                build(args)
+            elif args.action == "pull":
+                pull_image(args.engine, args.env, args.uri).write(args.manifest)
+            else:
+                make_sif(args)
     except (ContainerError, OSError, subprocess.CalledProcessError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

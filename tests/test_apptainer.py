@@ -58,16 +58,23 @@ from ptspeed.envs.apptainer import (
 from ptspeed.envs.containers import (
     BuildSpec,
     ImageManifest,
+    build_command,
+    check_container_config,
     digest_of,
     engine_usable,
+    failure_cause,
     inspect_image,
+    package_index_settings,
     push_image,
     without_tag,
+    write_index_secret,
 )
 from ptspeed.errors import ConfigError, ContainerError
 
 EMULATOR_DIR = ROOT / "tests" / "fixtures" / "apptainer-emulator"
 EMULATOR = EMULATOR_DIR / "apptainer"
+# The same emulator called as SingularityCE's `singularity` (a link).
+SINGULARITY_DIR = ROOT / "tests" / "fixtures" / "singularity-emulator"
 DEFAULT_CONFIG = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 ENVIRONMENTS = {"torch-1.13": "1.13.1", "torch-2.0": "2.0.1"}
 RUN_TIMEOUT_S = 45 * 60
@@ -169,6 +176,38 @@ def test_without_any_builder_the_run_stops_with_one_line(tmp_path: Path) -> None
     assert "Traceback" not in done.stdout
 
 
+@pytest.mark.workflow
+def test_singularity_builds_and_runs_the_images_where_apptainer_is_absent(tmp_path: Path) -> None:
+    """SingularityCE's `singularity` alone, as Snakemake takes it: rule sif builds with it; a
+    SingularityCE older than 4.0 (no --build-arg) is refused in one line before any job."""
+    path = f"{SINGULARITY_DIR}{os.pathsep}{bare_path(tmp_path / 'bin')}"
+    done = snakemake("-n", "--use-singularity", env={**os.environ, "PATH": path})
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "ptspeed: images: singularity build --fakeroot of docker/ptspeed.def" in done.stdout
+    old = {**os.environ, "PATH": path, "PTSPEED_SINGULARITY_CE_VERSION": "3.11.5"}
+    done = snakemake("-n", "--use-singularity", env=old)
+    assert done.returncode == 1
+    assert (
+        "containers: singularity here is SingularityCE 3.11.5, whose build lacks --build-arg"
+    ) in done.stdout, done.stdout[-3000:]
+    assert "Traceback" not in done.stdout
+
+
+def test_the_sif_is_made_by_the_command_found(tmp_path: Path) -> None:
+    found = {"singularity": "/usr/bin/singularity"}.get
+    settings = {"images": "build", "builder": "auto"}
+    plan = plan_sif(settings, lambda _: False, found, lambda _: "singularity-ce version 4.1.5")
+    assert plan == SifPlan("definition", command="singularity")
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t")
+    (command,) = sif_commands(plan, tmp_path / "x.sif", spec, ROOT)
+    assert command[:3] == ["singularity", "build", "--force"]
+    pulled = plan_sif({"images": "pull", "builder": "auto"}, bool, found)
+    (pull,) = sif_commands(pulled, tmp_path / "x.sif", None, ROOT, reference=f"docker://r@{DIGEST}")
+    assert pull[0] == "singularity"
+    with pytest.raises(ConfigError, match=r"^containers: singularity here is 'no --version'"):
+        plan_sif(settings, lambda _: False, found, lambda _: "")
+
+
 @pytest.mark.parametrize(
     ("available", "source", "engine"),
     [
@@ -202,6 +241,62 @@ def test_podman_that_cannot_run_is_not_chosen(
     assert plan_sif(settings, engine_usable, apptainer).source == "definition"
     with pytest.raises(ConfigError, match=r"^containers.builder: podman is not on PATH or cannot"):
         plan_sif({**settings, "builder": "podman"}, engine_usable, apptainer)
+
+
+ROOTLESS_MAPS = {
+    # Rootless podman without a subuid range: the user alone, as `podman info` says it.
+    "single": '[{"container_id":0,"host_id":1000,"size":1}]',
+    # With one (/etc/subuid: u:100000:65536).
+    "subuids": '[{"container_id":0,"host_id":1000,"size":1},'
+    '{"container_id":1,"host_id":100000,"size":65536}]',
+}
+
+
+@pytest.mark.parametrize(("maps", "usable"), [("single", False), ("subuids", True)])
+def test_podman_whose_user_namespace_maps_one_id_is_not_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, maps: str, usable: bool
+) -> None:
+    """`podman info` succeeds without subuids, yet such a podman cannot unpack a CUDA base
+    (files of other users): it is not chosen, and Apptainer builds from the definition."""
+    fake = tmp_path / "podman"
+    answer = f'{{"gidmap":{ROOTLESS_MAPS[maps]},"uidmap":{ROOTLESS_MAPS[maps]}}}'
+    fake.write_text(f"#!/bin/sh\n[ \"$1\" = info ] || exit 125\necho '{answer}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert engine_usable("podman") is usable
+    settings = {"images": "build", "builder": "auto"}
+    plan = plan_sif(settings, engine_usable, {"apptainer": "/usr/bin/apptainer"}.get)
+    assert plan.source == ("image" if usable else "definition")
+    if not usable:
+        with pytest.raises(ConfigError, match=r"its user namespace maps one user ID"):
+            plan_sif({**settings, "builder": "podman"}, engine_usable)
+
+
+@pytest.mark.workflow
+def test_a_cluster_job_takes_the_login_nodes_plan_and_probes_nothing(tmp_path: Path) -> None:
+    """The main process asks podman once and hands its plan to the jobs it submits (sbatch
+    exports its environment); a job (Snakemake's remote mode) on a node without podman plans
+    the sif as the login node did, so the sif is not made again there, and asks nothing."""
+    bin_dir = tmp_path / "bin"
+    path = bare_path(bin_dir)
+    calls = tmp_path / "podman-calls"
+    (bin_dir / "podman").write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\necho \'{{"uidmap":{ROOTLESS_MAPS["subuids"]}}}\'\n'
+    )
+    (bin_dir / "podman").chmod(0o755)
+    done = snakemake("-n", "--use-singularity", env=with_emulator(path))
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert calls.read_text().splitlines() == ["info --format {{json .Host.IDMappings}}"]
+    (plan_line,) = [line for line in done.stdout.splitlines() if "ptspeed: images:" in line]
+    assert "podman build" in plan_line
+    calls.unlink()
+    (bin_dir / "podman").unlink()  # the GPU node has no podman
+    plan = SifPlan("image", "podman").to_text()
+    job = snakemake("-n", "--use-singularity", "--mode", "remote",
+                    env={**with_emulator(path), "PTSPEED_SIF_PLAN": plan})  # fmt: skip
+    assert job.returncode == 0, job.stdout[-3000:]
+    assert not calls.exists()
+    assert jobs(job.stdout, "image"), "the sif is still made of podman's image, as planned"
 
 
 def test_sif_commands_for_each_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -259,6 +354,48 @@ def test_a_build_needs_room_where_apptainer_unpacks_and_caches(tmp_path: Path) -
         check_build_space("torch-2.0", free // 2 + 10**9, same_disk)  # both on one disk
 
 
+QUOTA = ROOT / "tests" / "fixtures" / "quota" / "quota"
+
+
+def test_the_build_space_check_reads_the_singularity_names_too(tmp_path: Path) -> None:
+    """Site modules still set SINGULARITY_*: Apptainer honours them after its own names,
+    SingularityCE reads them alone (and keeps its cache in ~/.singularity)."""
+    legacy = {"SINGULARITY_TMPDIR": "/scratch/tmp", "SINGULARITY_CACHEDIR": "/scratch/cache"}
+    places = build_places(legacy)
+    assert [(p.variable, p.path) for p in places] == [
+        ("SINGULARITY_TMPDIR", Path("/scratch/tmp")),
+        ("SINGULARITY_CACHEDIR", Path("/scratch/cache/cache")),
+    ]
+    both = {**legacy, "APPTAINER_TMPDIR": "/fast"}
+    assert build_places(both)[0].path == Path("/fast")
+    assert build_places(both, "singularity")[0].path == Path("/scratch/tmp")
+    configured = build_places({"SINGULARITY_CONFIGDIR": "/scratch/conf"})
+    assert configured[1].path == Path("/scratch/conf/cache")
+    assert build_places({"APPTAINER_CACHEDIR": "/a"}, "singularity")[1].path == (
+        Path.home() / ".singularity/cache"
+    )
+
+
+def test_the_build_space_check_counts_the_users_quota(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A home quota smaller than the disk's free space stops the build in the same one line,
+    naming the quota; where no `quota` answers, the check says it counts the disk only."""
+    environ = {"APPTAINER_TMPDIR": str(tmp_path), "APPTAINER_CACHEDIR": str(tmp_path / "c")}
+    monkeypatch.setenv("PTSPEED_QUOTA_KIB", f"{2 * 10**6}:{4 * 10**6}:{5 * 10**6}")
+    assert check_build_space("torch-2.0", 10**9, environ, quota=str(QUOTA)) == []
+    with pytest.raises(ContainerError) as error:
+        check_build_space("torch-2.0", 2 * 10**9, environ, quota=str(QUOTA))
+    assert f"APPTAINER_TMPDIR ({tmp_path}, where it unpacks the image): 3.1 GB left of your " \
+        "quota" in str(error.value)  # fmt: skip
+    monkeypatch.delenv("PTSPEED_QUOTA_KIB")  # a filesystem without quotas
+    assert check_build_space("torch-2.0", 10**9, environ, quota=str(QUOTA)) == []
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    (note,) = check_build_space("torch-2.0", 10**9, environ)
+    assert note.endswith(": no `quota` command here to read your quota: the check counts the "
+                         "disk's free space only")  # fmt: skip
+
+
 def test_a_cuda_base_newer_than_the_driver_is_refused() -> None:
     base = "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04@" + DIGEST
     check_driver("torch-2.14", base, "570.124.06")
@@ -296,6 +433,103 @@ def test_pull_takes_images_by_digest_only(tmp_path: Path) -> None:
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("config:")]
     assert "containers.images pull takes an image pinned by digest" in line
     assert "docker://r.example/p/torch-1.13@sha256:…" in line
+
+
+@pytest.mark.parametrize(
+    ("image", "refused"),
+    [
+        (f"docker://nvcr.io/nvidia/pytorch:22.11-py3@{DIGEST}", ""),
+        (f"oras://ghcr.io/site/pytorch@{DIGEST}", ""),
+        ("library://site/default/pytorch:sha256." + "ab" * 32, ""),
+        ("oras://ghcr.io/site/pytorch:22.11", "is not pinned"),
+        ("library://site/default/pytorch:latest", "is not pinned"),
+        (f"shub://site/pytorch@{DIGEST}", "is not pinned"),
+        ("missing.sif", "is not a file"),
+    ],
+)
+def test_an_image_a_site_brings_is_pinned_or_a_file(image: str, refused: str) -> None:
+    config = {
+        "containers": {"runtime": "apptainer", "push": False, "ca_bundle": ""},
+        "environments": {"site": {"kind": "image", "image": image}},
+    }
+    if not refused:
+        check_container_config(config, in_apptainer=True)
+        return
+    with pytest.raises(ConfigError, match=rf"^environments\.site\.image: .* {refused}"):
+        check_container_config(config, in_apptainer=True)
+
+
+NGC_CONFIG = ROOT / "config" / "ngc-hopper.yaml"
+
+
+def ngc_config(tmp_path: Path, image: str) -> Path:
+    """config/ngc-hopper.yaml as shipped, its NGC image replaced by ``image``."""
+    config = yaml.safe_load(NGC_CONFIG.read_text())
+    config["environments"]["ngc-22.11"]["image"] = image
+    return write_config(tmp_path, {**config, "results": str(tmp_path / "results")})
+
+
+@pytest.mark.workflow
+def test_a_site_image_without_its_digest_is_refused_in_one_line() -> None:
+    """config/ngc-hopper.yaml as shipped names NGC's tag: the site fills in the digest."""
+    done = snakemake("-n", "--use-singularity", f"--configfile={NGC_CONFIG}", env=with_emulator())
+    assert done.returncode == 1
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("config:")]
+    assert line.startswith(
+        "config: environments.ngc-22.11.image: 'docker://nvcr.io/nvidia/pytorch:22.11-py3' is "
+        "not pinned: expected a .sif path, docker://name@sha256:…"
+    ), line
+    assert "Traceback" not in done.stdout
+    done = snakemake("-n", f"--configfile={NGC_CONFIG}", env=with_emulator())
+    assert "kind image runs only under --use-singularity" in done.stdout
+
+
+@pytest.mark.workflow
+def test_the_ngc_example_with_its_digest_runs_the_image_as_is(tmp_path: Path) -> None:
+    """Filled in, the NGC image is read once (rule brought_image) and each of its cells runs
+    in it, by digest alone (Apptainer 1.3 refuses a tag beside it); nothing is built for it."""
+    reference = f"docker://nvcr.io/nvidia/pytorch:22.11-py3@{DIGEST}"
+    done = snakemake(
+        "-n", "--use-singularity", f"--configfile={ngc_config(tmp_path, reference)}",
+        env=with_emulator(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:]
+    results = tmp_path / "results"
+    (probe,) = jobs(done.stdout, "brought_image")
+    assert probe["output"].split(", ") == [f"{results}/envs/ngc-22.11.json",
+                                           f"{results}/envs/ngc-22.11.digest"]  # fmt: skip
+    assert {job["output"].split(",")[0] for job in jobs(done.stdout, "sif")} == {
+        f"{results}/images/torch-2.0-cu118.sif"
+    }
+    assert not [job for job in jobs(done.stdout, "build_env")]
+    cells = [job for job in jobs(done.stdout, "cell") if "env=ngc-22.11" in job["wildcards"]]
+    assert cells
+    for cell in cells:
+        assert f"{results}/envs/ngc-22.11.digest" in cell["input"].split(", ")
+    assert f"nvcr.io/nvidia/pytorch@{DIGEST} will be pulled" in done.stdout
+
+
+@pytest.mark.workflow
+def test_without_a_brought_image_its_rule_is_not_there(tmp_path: Path) -> None:
+    """Rule brought_image exists only beside an environment that brings its image: otherwise
+    Snakemake would try it for every venv's record (an empty constraint constrains nothing)."""
+    done = snakemake("-n")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "brought_image" not in done.stdout and "Empty file path" not in done.stdout
+
+
+@pytest.mark.workflow
+def test_a_local_sif_a_site_brings_is_the_input_of_its_record(tmp_path: Path) -> None:
+    sif = tmp_path / "pytorch.sif"
+    sif.write_text("a site's image\n")
+    done = snakemake(
+        "-n", "--use-singularity", f"--configfile={ngc_config(tmp_path, str(sif))}",
+        env=with_emulator(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:]
+    (probe,) = jobs(done.stdout, "brought_image")
+    assert probe["input"] == str(sif)
+    assert "will be pulled" not in done.stdout
 
 
 # --- the real run ---------------------------------------------------------------------------
@@ -505,6 +739,45 @@ def test_a_shared_image_dir_serves_a_second_checkout_without_building(tmp_path: 
     assert (results / "x.sif.digest").read_text() == f"{DIGEST}\n"
 
 
+@pytest.mark.apptainer
+@pytest.mark.slow
+@WHOLE_RUN
+def test_a_sif_another_checkout_built_is_brought_as_is(
+    apptainer_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """The first run's torch-2.0 sif, named by its path in a second run (kind image): nothing
+    is built, its torch and GPU code are read from inside it once, every record names the
+    file's digest and the report says where the image came from."""
+    sif = apptainer_run["results"] / "images" / "torch-2.0.sif"
+    config = {
+        **reduced_matrix(tmp_path),
+        "environments": {"site-2.0": {"kind": "image", "image": str(sif)}},
+        "comparisons": {
+            "compile-alone": {
+                "title": "compile alone, in a brought image",
+                "baseline": {"env": "site-2.0", "variant": "eager"},
+                "candidate": {"env": "site-2.0", "variant": "compile"},
+            }
+        },
+    }
+    done = snakemake(
+        "--use-singularity", f"--configfile={write_config(tmp_path, config)}", cores="all",
+        env=with_emulator(), timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    results = tmp_path / "results"
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert "rule sif:" not in done.stdout and "rule image:" not in done.stdout
+    assert "ptspeed: images:" not in done.stdout  # no builder was looked for
+    recorded = json.loads((results / "envs/site-2.0.json").read_text())
+    assert recorded["gpu_code"]["torch_version"].startswith("2.0.1")
+    digest = sif_digest(SifPlan("definition"), sif)
+    assert recorded["digest"] == digest
+    records = [json.loads(p.read_text()) for p in (results / "records").rglob("*.json")]
+    assert records and {r["provenance"]["container_digest"] for r in records} == {digest}
+    report = (results / "report/report.md").read_text()
+    assert f"brought: {sif}" in report
+
+
 DEFINITION = """\
 Bootstrap: docker
 From: {{ BASE }}
@@ -614,6 +887,70 @@ def test_emulator_builds_a_definition_file_and_runs_it(tmp_path: Path) -> None:
     ran = subprocess.run([str(EMULATOR), "run", str(sif), "a", "b"], capture_output=True,
                          text=True, check=False, env=with_emulator())  # fmt: skip
     assert ran.stdout.strip() == "runscript from-environment a b", ran.stderr
+
+
+@pytest.mark.container
+def test_an_image_without_torch_is_named_in_one_line_when_brought(tmp_path: Path) -> None:
+    """scripts/brought_image.py runs the image's own python (the CI's Python 3.10 base, which
+    has no torch): the line names the environment, the image and what its python said."""
+    need_debian_base()
+    sif = tmp_path / "site.sif"
+    build = [str(EMULATOR), "build", str(sif), f"docker-daemon:{CI_BASE_IMAGE}"]
+    subprocess.run(build, capture_output=True, check=True)
+    record, digest = tmp_path / "site.json", tmp_path / "site.digest"
+    done = subprocess.run(
+        [sys.executable, "scripts/brought_image.py", "--env", "site", "--image", str(sif),
+         "--record", str(record), "--digest", str(digest)],
+        cwd=ROOT, env=with_emulator(), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        f"error: environments.site.image: reading the GPU code of the torch of python in {sif} "
+        "failed (exit 1): ModuleNotFoundError: No module named 'torch'"
+    )
+    assert not record.exists() and not digest.exists()
+
+
+@pytest.mark.parametrize(
+    ("output", "kind"),
+    [
+        # Apptainer 1.3, --fakeroot without a subuid range.
+        ("FATAL:   could not use fakeroot: no mapping entry found in /etc/subuid for alice",
+         "fakeroot"),
+        # uv and pip writing a wheel to a full disk, podman to its storage.
+        ("error: Failed to write to the distribution cache: No space left on device (os error 28)",
+         "space"),
+        ("OSError: [Errno 122] Disk quota exceeded: '/home/alice/.apptainer/cache/blob'", "space"),
+        # pip behind a site that reaches PyPI only through its mirror.
+        ("WARNING: Retrying ... Failed to establish a new connection: [Errno 111] Connection "
+         "refused')': /simple/torch/", "network"),
+        ("Err:1 http://archive.ubuntu.com/ubuntu jammy InRelease  Temporary failure in name "
+         "resolution", "network"),
+        ("Error: no container image matching", ""),
+    ],
+)  # fmt: skip
+def test_a_failed_builds_cause_is_named(output: str, kind: str) -> None:
+    cause = failure_cause(["building...", output, "exit status 1"])
+    assert cause.partition(":")[0] == kind
+    if kind:
+        assert cause.endswith(f"({output.strip()[:200]})")
+
+
+@pytest.mark.container
+def test_a_build_that_cannot_reach_its_registry_says_so_on_the_console(tmp_path: Path) -> None:
+    """The base on a registry no resolver knows (.invalid): the build's one console line says
+    network, what to do, and where the log is."""
+    need_debian_base()
+    config = reduced_matrix(tmp_path)
+    config["environments"]["torch-2.0"]["base_image"] = f"registry.invalid/cuda@{DIGEST}"
+    done = snakemake(
+        "--use-singularity", f"--configfile={write_config(tmp_path, config)}",
+        str(tmp_path / "results/images/torch-2.0.sif"), env=with_emulator(),
+    )  # fmt: skip
+    assert done.returncode == 1
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("ptspeed: error:")]
+    assert ": network: the build cannot reach the network" in line, line
+    assert line.endswith(f"(log: {tmp_path}/results/logs/images/torch-2.0.log)"), line
 
 
 @pytest.fixture
@@ -748,7 +1085,8 @@ def definition_sections() -> dict[str, str]:
 
 def bootstrap_command(tmp_path: Path, base_image: str = "") -> list[str]:
     spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t", base_image,
-                     ca_bundle=tmp_path / "ca.crt", uv_cache=tmp_path / "uv")  # fmt: skip
+                     ca_bundle=tmp_path / "ca.crt", uv_cache=tmp_path / "uv",
+                     package_index=tmp_path / "package_index")  # fmt: skip
     (command,) = sif_commands(SifPlan("definition"), tmp_path / "x.sif", spec, ROOT)
     return command
 
@@ -762,10 +1100,64 @@ def test_the_definitions_setup_makes_every_build_binds_destination(tmp_path: Pat
                    check=True)  # fmt: skip
     command = bootstrap_command(tmp_path)
     destinations = [command[i + 1].split(":")[1] for i, a in enumerate(command) if a == "--bind"]
-    assert len(destinations) == 2
+    assert len(destinations) == 3
     for destination in destinations:
         assert (rootfs / destination.lstrip("/")).exists(), destination
     assert not any((rootfs / "var/cache/uv").iterdir())  # the cache's content stays outside
+
+
+MIRROR = "https://ptspeed:s3cret-token@mirror.example.org/pypi/simple"
+
+
+def test_the_sites_package_index_reaches_the_build_as_a_secret_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PIP_INDEX_URL (a token in it) and pip.conf's extra index reach the build as a file that
+    only its owner reads, bound or mounted as a secret: in no argument of any build command,
+    so in no history, label or kept definition file."""
+    pip_conf = tmp_path / "pip.conf"
+    pip_conf.write_text("[global]\nextra-index-url = https://extra.example.org/simple\n")
+    environ = {"PIP_INDEX_URL": MIRROR, "PIP_CONFIG_FILE": str(pip_conf), "HOME": str(tmp_path)}
+    settings = package_index_settings(environ)
+    assert settings == {"PIP_INDEX_URL": MIRROR,
+                        "PIP_EXTRA_INDEX_URL": "https://extra.example.org/simple"}  # fmt: skip
+    assert package_index_settings({"HOME": str(tmp_path)}) == {}
+    secret = write_index_secret(settings, tmp_path)
+    assert secret is not None and secret.stat().st_mode & 0o777 == 0o600
+    assert f"PIP_INDEX_URL={MIRROR}\n" in secret.read_text()
+    spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t",
+                     package_index=secret)  # fmt: skip
+    (definition,) = sif_commands(SifPlan("definition"), tmp_path / "x.sif", spec, ROOT)
+    assert f"{secret}:/run/secrets/package_index" in definition
+    engine_build = build_command("podman", spec, tmp_path, ROOT / "docker/Dockerfile")
+    assert f"id=package_index,src={secret}" in engine_build
+    for command in (definition, engine_build):
+        assert not [argument for argument in command if "s3cret" in argument]
+
+
+@pytest.mark.container
+def test_emulator_runs_post_with_a_clean_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Apptainer's %post sees none of the host's variables (a site's PIP_INDEX_URL does not
+    reach it); a file bound into the build does."""
+    need_debian_base()
+    definition = tmp_path / "index.def"
+    definition.write_text(
+        f"Bootstrap: docker\nFrom: {DEBIAN_BASE}\n\n%setup\n    mkdir -p ${{APPTAINER_ROOTFS}}/run"
+        "/secrets\n    touch ${APPTAINER_ROOTFS}/run/secrets/package_index\n\n%post\n"
+        '    echo "host: ${PIP_INDEX_URL-unset}" > /opt/index.txt\n'
+        "    . /run/secrets/package_index\n"
+        '    echo "bound: ${PIP_INDEX_URL-unset}" >> /opt/index.txt\n'
+    )
+    secret = write_index_secret({"PIP_INDEX_URL": MIRROR}, tmp_path)
+    monkeypatch.setenv("PIP_INDEX_URL", "https://from-the-host.example.org/simple")
+    sif = tmp_path / "x.sif"
+    made = emulator("build", "--bind", f"{secret}:/run/secrets/package_index", str(sif),
+                    str(definition), PIP_INDEX_URL="https://host.example.org")  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    shown = image_exec(sif, "cat", "/opt/index.txt")
+    assert shown.stdout.splitlines() == ["host: unset", f"bound: {MIRROR}"]
 
 
 def test_the_definition_takes_its_base_by_digest_alone_and_every_argument_it_is_given() -> None:
@@ -873,6 +1265,26 @@ def test_emulator_builds_as_apptainer_does(tmp_path: Path) -> None:
     definition.write_text(BIND_DEFINITION + setup)
     unused = emulator("build", "--build-arg", "UNUSED=1", str(tmp_path / "y.sif"), str(definition))
     assert unused.returncode == 255 and "unused build args: UNUSED." in unused.stderr
+
+
+@pytest.mark.container
+def test_emulator_as_singularity_reads_only_singularity_variables(tmp_path: Path) -> None:
+    need_debian_base()
+    singularity = SINGULARITY_DIR / "singularity"
+    sif = tmp_path / "x.sif"
+    env = {**os.environ, "PATH": f"{SINGULARITY_DIR}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([str(singularity), "build", str(sif), f"docker-daemon:{DEBIAN_BASE}"],
+                   env=env, check=True, capture_output=True)  # fmt: skip
+    show = 'echo "${GREETING-unset}|${SINGULARITY_NAME-}|${APPTAINER_NAME-}"'
+    done = subprocess.run(
+        [str(singularity), "exec", str(sif), "sh", "-c", show], capture_output=True, text=True,
+        env={**env, "APPTAINERENV_GREETING": "a", "APPTAINER_CONTAIN": "1"}, check=False,
+    )  # fmt: skip
+    assert done.stdout.strip() == "unset|x.sif|", done.stderr
+    done = subprocess.run([str(singularity), "exec", str(sif), "sh", "-c", show],
+                          capture_output=True, text=True, check=False,
+                          env={**env, "SINGULARITYENV_GREETING": "b"})  # fmt: skip
+    assert done.stdout.strip().startswith("b|")
 
 
 @pytest.fixture(scope="module")

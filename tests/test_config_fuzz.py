@@ -151,7 +151,9 @@ BAD = [
     # unknown keys
     ("bogus", 1, "Additional properties are not allowed ('bogus' was unexpected); accepted:"),
     ("steps.warm", 3, "steps: Additional properties are not allowed ('warm' was unexpected)"),
-    ("environments.host.image", "x", "environments.host: Additional properties are not"),
+    ("environments.host.images", "x", "environments.host: Additional properties are not"),
+    ("environments.host.image", "x.sif", "environments.host.image: only kind image takes an"),
+    ("environments.host", {"kind": "image"}, "environments.host: kind image needs image (a .sif"),
     # wrong types
     ("trials", "3", "trials: '3' is not of type 'integer'"),
     ("trials", 3.0, "trials: 3.0 is not of type 'integer'"),

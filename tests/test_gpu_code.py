@@ -35,12 +35,14 @@ from ptspeed.cell.harness import run_cell
 from ptspeed.cell.record import Record
 from ptspeed.envs.gpu_code import (
     environment_code,
+    environment_codes,
     environment_record,
     environment_record_path,
     pinned_torch,
+    probe_code,
     recorded_code,
 )
-from ptspeed.errors import BadInput
+from ptspeed.errors import BadInput, EnvBuildError
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_FLAGS = "sm_37 sm_50 sm_60 sm_70 sm_75 sm_80 sm_86"  # torch 1.13.1 and 2.0.1, cu117
@@ -393,6 +395,33 @@ def test_a_recorded_code_comes_before_the_published_one(tmp_path: Path) -> None:
     record.write_text(json.dumps({"python": "p", "gpu_code": {"torch_version": 1}}))
     with pytest.raises(BadInput, match=r"torch-2\.0\.json: gpu_code\.torch_version"):
         recorded_code(record)
+
+
+def test_an_image_a_site_brings_has_the_code_its_record_holds(tmp_path: Path) -> None:
+    """Known to the planner once rule brought_image has read it; unknown before."""
+    config = {"results": "results", "environments": {"ngc": {"kind": "image", "image": "x.sif"}}}
+    assert environment_codes(config, tmp_path) == {"ngc": None}
+    record = tmp_path / environment_record_path("results", "ngc")
+    record.parent.mkdir(parents=True)
+    brought = GpuCode.from_arch_flags(f"{OLD_FLAGS} sm_90 compute_90", "1.13.0a0+936e930", "11.8")
+    record.write_text(json.dumps(environment_record("python", brought)))
+    assert environment_codes(config, tmp_path) == {"ngc": brought}
+
+
+OLDER_PYTHONS = sorted(Path.home().glob(".pyenv/versions/3.[6-9].*/bin/python3"))
+
+
+@pytest.mark.skipif(not OLDER_PYTHONS, reason="needs a Python older than 3.10 (pyenv)")
+def test_a_python_older_than_the_cells_need_is_named() -> None:
+    """NGC's 1.13-era images have Python 3.8: the probe names it, not a syntax error."""
+    python = OLDER_PYTHONS[-1]
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    with pytest.raises(EnvBuildError) as raised:
+        probe_code(python)
+    assert str(raised.value).endswith(
+        f"failed (exit 1): its Python is {version}; ptspeed's cells need Python >= 3.10"
+    )
 
 
 # --- the older environments themselves ---------------------------------------------------------

@@ -120,6 +120,35 @@ def test_under_apptainer_every_cell_but_the_hosts_runs_in_its_sif(tmp_path: Path
     assert without.sif_environments() == [] and without.ready("venv") == "results/envs/venv.json"
 
 
+def test_an_image_a_site_brings_is_used_as_is_once_its_record_is_read(tmp_path: Path) -> None:
+    """A .sif the site has and a registry's image pinned by digest: each cell runs in it (no
+    sif of the workflow's), after its record and digest, which `snakemake images` makes."""
+    registry = f"oras://r.example/ngc@{DIGEST}"
+    config = {
+        "results": "results",
+        "env_cache": "cache",
+        "environments": {
+            **environments(),
+            "site": {"kind": "image", "image": "images/site.sif"},
+            "ngc": {"kind": "image", "image": registry},
+        },
+        "containers": {"runtime": "apptainer"},
+    }
+    fill_defaults(config, {"properties": {"containers": load_schema()["properties"]["containers"]}})
+    found = Realisation(config, "cpu", True, ROOT, tmp_path, PYTHON)
+    assert found.container("site") == str(tmp_path / "images/site.sif")
+    assert found.container("ngc") == registry
+    assert found.ready("ngc") == ["results/envs/ngc.json", "results/envs/ngc.digest"]
+    digest = "results/envs/ngc.digest"
+    assert found.python("ngc") == f'{CELL_PYTHON} PTSPEED_CONTAINER_DIGEST="$(cat {digest})" python'
+    assert found.sif_environments() == ["venv", "boxed"]
+    assert found.brought_environments() == ["site", "ngc"]
+    assert Images(found, "podman", None).targets() == [
+        "results/envs/site.json", "results/envs/ngc.json",
+    ]  # fmt: skip
+    assert Realisation(config, "cpu", False, ROOT, tmp_path, PYTHON).brought("site") == ""
+
+
 def test_only_the_engines_images_are_checked_for_pruning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,6 +208,11 @@ def test_the_image_targets_are_the_manifests_or_else_the_sifs(tmp_path: Path) ->
     assert images(tmp_path, SifPlan("definition")).targets() == [
         "results/images/venv.sif", "results/images/boxed.sif",
     ]  # fmt: skip
+    # `snakemake images` makes the images the matrix's cells use, not every configured one.
+    assert images(tmp_path, SifPlan("definition")).targets({"boxed"}) == [
+        "results/images/boxed.sif"
+    ]
+    assert images(tmp_path).targets({"venv"}) == ["results/images/venv.json"]
 
 
 def test_sif_inputs_and_options_follow_the_plan(tmp_path: Path) -> None:

@@ -391,6 +391,17 @@ def test_claims_table_names_every_claim_group(markdown: str) -> None:
     ]
 
 
+def test_an_image_a_site_brings_is_named_as_brought(
+    tmp_path: Path, tables: dict[str, pd.DataFrame]
+) -> None:
+    image = "docker://nvcr.io/nvidia/pytorch:22.11-py3@sha256:" + "ab" * 32
+    environments = {**CONFIG["environments"], "torch-1.13": {"kind": "image", "image": image}}
+    render_tables(tables, tmp_path, config={**CONFIG, "environments": environments})
+    [table] = markdown_tables(section((tmp_path / "report.md").read_text(), "Environments"))
+    rows = {row[0]: row[1:] for row in table[1:]}
+    assert rows["kind"] == [f"brought: {image}", "venv"]
+
+
 def test_claim_group_no_comparison_checks_is_not_measured(
     tmp_path: Path, tables: dict[str, pd.DataFrame]
 ) -> None:

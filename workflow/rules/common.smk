@@ -89,6 +89,13 @@ REALISATION = Realisation(
     config, DEVICE_CLASS, IN_APPTAINER, Path(workflow.basedir), Path.cwd()
 )
 CONTAINERS = REALISATION.containers
+# Environments whose record rule build_env writes, and those of images a site brings, whose
+# record rule brought_image reads from inside the image. An empty pattern would be no
+# constraint at all: with every environment brought, build_env's matches nothing.
+BROUGHT_ENVS = REALISATION.brought_environments()
+BUILT_ENVS = [env for env in ENVIRONMENTS if env not in BROUGHT_ENVS]
+BUILT_ENV_PATTERN = wildcard_constraints(BUILT_ENVS)["env"] or "(?!)"
+BROUGHT_ENV_PATTERN = wildcard_constraints(BROUGHT_ENVS)["env"]
 ENV_CACHE = REALISATION.env_cache
 # A docker or podman image pruned since it was built is built again (its manifest goes).
 for notice in REALISATION.forget_pruned_images():

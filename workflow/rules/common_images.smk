@@ -1,22 +1,52 @@
 # Helpers of workflow/rules/images.smk: how this machine makes the Apptainer images (chosen and
 # printed once); what each image is made of is ptspeed.envs.realise.Images.
 
-from ptspeed.envs.apptainer import cell_apptainer_args, outside, plan_sif
-from ptspeed.envs.containers import engine_for_images, engine_usable
+import functools
+
+from ptspeed.envs.apptainer import (
+    SIF_PLAN_VARIABLE,
+    SifPlan,
+    cell_apptainer_args,
+    outside,
+    plan_sif,
+)
+from ptspeed.envs.containers import (
+    ENGINES,
+    engine_for_images,
+    engine_usable,
+    is_local_image,
+)
 from ptspeed.envs.realise import Images
+
+# Each engine is asked once per process (docker's daemon, podman's ID maps: up to 30 s each).
+usable_here = functools.cache(engine_usable)
 
 
 def make_sif_plan():
-    """How the Apptainer images are made here; None when no cell runs in one."""
+    """How the Apptainer images are made here; None when no cell runs in one. A cluster job
+    takes its main process's plan (apptainer.SIF_PLAN_VARIABLE) and probes nothing."""
     if not (IN_APPTAINER and REALISATION.sif_environments()):
         return None
     try:
-        plan = plan_sif(CONTAINERS, engine_usable)
+        if workflow.remote_exec and os.environ.get(SIF_PLAN_VARIABLE):
+            return SifPlan.from_text(os.environ[SIF_PLAN_VARIABLE])
+        plan = plan_sif(CONTAINERS, usable_here)
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
+    os.environ[SIF_PLAN_VARIABLE] = plan.to_text()
     if workflow.is_main_process:
         print(f"ptspeed: {plan.describe()}", file=sys.stderr)
     return plan
+
+
+def images_engine():
+    """What builds or pulls the images of the image rule (the plan's engine under Apptainer,
+    with no second probe), else containers.engine_for_images."""
+    if SIF_PLAN:
+        return SIF_PLAN.engine or ENGINES[0]
+    if workflow.remote_exec and CONTAINERS["runtime"] not in ENGINES:
+        return ENGINES[0]  # a cluster job makes no image: nothing to ask
+    return engine_for_images(CONTAINERS, usable_here)
 
 
 def set_cell_apptainer_args():
@@ -52,9 +82,7 @@ def check_job_driver(env):
             REALISATION.check_driver({env}, driver)
         except ConfigError as exc:
             raise WorkflowError(f"config: {exc}") from None
-
-
-IMAGES = Images(REALISATION, engine_for_images(CONTAINERS, engine_usable), SIF_PLAN)
+IMAGES = Images(REALISATION, images_engine(), SIF_PLAN)
 
 
 def image_requirements(wildcards):
@@ -84,3 +112,10 @@ def sif_options(wildcards):
         return IMAGES.sif_options(wildcards.env)
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
+
+
+def brought_image_input(wildcards):
+    """A local image a site brings is its record's input (a replaced file is read again); a
+    registry's is pinned by its digest."""
+    image = REALISATION.brought(wildcards.env)
+    return {"image": image} if image and is_local_image(image) else {}

@@ -1,5 +1,7 @@
 # Environments: one virtualenv per environment, built from its hash-locked requirements and
 # cached by the lock's hash (a rebuilt results/ reuses it; a changed lock builds a new one).
+# An image a site brings (kind image) is not built: its record is read from inside it
+# (rule brought_image).
 
 
 rule build_env:
@@ -11,6 +13,8 @@ rule build_env:
         f"{RESULTS}/logs/envs/{{env}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/envs/{{env}}.tsv"
+    wildcard_constraints:
+        env=BUILT_ENV_PATTERN,
     localrule: True
     conda:
         "../../envs/workflow.yaml"

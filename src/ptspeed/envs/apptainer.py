@@ -8,22 +8,26 @@ This module needs no torch and no Snakemake.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ptspeed.envs.containers import (
     CA_SECRET_ID,
     ENGINES,
+    INDEX_SECRET_ID,
     RECIPE,
     RECIPE_FILES,
     BuildSpec,
     ImageManifest,
+    brought_digest,
     digest_of,
     strip_scheme,
     without_tag,
@@ -31,7 +35,20 @@ from ptspeed.envs.containers import (
 from ptspeed.errors import ConfigError, ContainerError
 
 BUILDERS = ("auto", *ENGINES, "apptainer")
-PROBES = {"docker": "`docker version`", "podman": "`podman info`"}
+# How the main process makes the images (SifPlan.to_text), for the cluster jobs it submits
+# (sbatch exports its environment): a job then probes no engine and plans the sif's params as
+# the login node that made the sif did, so that a node without that builder never rebuilds it.
+SIF_PLAN_VARIABLE = "PTSPEED_SIF_PLAN"
+# Apptainer's command, then SingularityCE's (the older name, which some sites still install).
+APPTAINER_COMMANDS = ("apptainer", "singularity")
+# The SingularityCE whose build takes --build-arg and %arguments (its CHANGELOG, 4.0.0); older
+# ones (3.11) run the images and convert docker's, but cannot build docker/ptspeed.def.
+SINGULARITY_CE_BUILDS = (4, 0)
+SINGULARITY_CE_VERSION = re.compile(r"singularity-ce version (\d+\.\d+(?:\.\d+)?)")
+PROBES = {
+    "docker": "`docker version` failed",
+    "podman": "`podman info` failed, or its user namespace maps one user ID: no subuid range",
+}
 DEFINITION = Path("docker/ptspeed.def")
 # Where docker/install.sh finds uv's cache in an Apptainer build (its default UV_CACHE_DIR).
 BUILD_UV_CACHE = "/var/cache/uv"
@@ -54,6 +71,8 @@ SIF_LOCK = ".sif-conversion.lock"
 # What a build from the definition or a registry unpacks, where the size is not known before:
 # a CUDA/cuDNN runtime base and a torch venv (the images here are 5 to 10 GB).
 UNKNOWN_IMAGE_BYTES = 10 * 10**9
+# quota(1) counts space in blocks of 1 KiB.
+QUOTA_BLOCK_BYTES = 1024
 CUDA_IN_BASE = re.compile(r"cuda:(\d+)\.(\d+)")
 # The CUDA runtime a lock's wheels bring: nvidia-cuda-runtime-cu12==12.8.90, or (CUDA 13)
 # nvidia-cuda-runtime==13.0.96.
@@ -96,29 +115,78 @@ class SifPlan:
 
     source: str
     engine: str | None = None
+    # apptainer, or SingularityCE's singularity where there is no apptainer.
+    command: str = "apptainer"
+
+    def to_text(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_text(cls, text: str) -> SifPlan:
+        """The plan :meth:`to_text` wrote; raises :class:`ConfigError` naming the variable."""
+        try:
+            return cls(**json.loads(text))
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{SIF_PLAN_VARIABLE}: {text!r} is not a plan ({error})") from None
 
     def describe(self) -> str:
         if self.source == "image":
             via = "docker-daemon" if self.engine == "docker" else "a docker archive"
             return (
-                f"images: {self.engine} build of docker/Dockerfile, then apptainer build "
+                f"images: {self.engine} build of docker/Dockerfile, then {self.command} build "
                 f"from {via} -> <env>.sif"
             )
         if self.source == "definition":
-            return "images: apptainer build --fakeroot of docker/ptspeed.def -> <env>.sif"
-        return "images: apptainer build from the registry, by digest -> <env>.sif"
+            return f"images: {self.command} build --fakeroot of docker/ptspeed.def -> <env>.sif"
+        return f"images: {self.command} build from the registry, by digest -> <env>.sif"
+
+
+def command_version(command: str) -> str:
+    """What ``command --version`` prints ('' where it does not answer)."""
+    try:
+        done = subprocess.run(
+            [command, "--version"], capture_output=True, text=True, check=False, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip()
+
+
+def check_singularity_builds(version: str) -> None:
+    """Refuse a SingularityCE (its ``--version``: ``version``) too old to build
+    docker/ptspeed.def: its {{ NAME }} build variables and %arguments came with SingularityCE
+    4.0 (Apptainer has them since 1.2)."""
+    match = SINGULARITY_CE_VERSION.search(version)
+    if match and _version(match.group(1)) >= SINGULARITY_CE_BUILDS:
+        return
+    found = f"SingularityCE {match.group(1)}" if match else repr(version or "no --version")
+    raise ConfigError(
+        f"containers: singularity here is {found}, whose build lacks --build-arg (the templated "
+        f"definition files of SingularityCE >= {'.'.join(map(str, SINGULARITY_CE_BUILDS))}, "
+        "Apptainer >= 1.2): load a newer module, or build with docker or podman "
+        "(containers.builder), or set containers.images: pull"
+    )
+
+
+def apptainer_command(which: Callable[[str], str | None] = shutil.which) -> str | None:
+    """The command that builds and runs Apptainer images here, as Snakemake chooses it:
+    apptainer, else SingularityCE's singularity; None without either."""
+    return next((name for name in APPTAINER_COMMANDS if which(name)), None)
 
 
 def plan_sif(
     settings: Mapping[str, Any],
     usable: Callable[[str], bool],
     which: Callable[[str], str | None] = shutil.which,
+    version: Callable[[str], str] = command_version,
 ) -> SifPlan:
     """How this machine makes the Apptainer images, in the order of preference: docker or
     podman (``usable``: ptspeed.envs.containers.engine_usable) then Apptainer, else Apptainer
-    alone; raises :class:`ConfigError`."""
+    alone (or SingularityCE >= 4.0, ``version`` its ``--version``); raises
+    :class:`ConfigError`."""
+    command = apptainer_command(which) or APPTAINER_COMMANDS[0]
     if settings["images"] == "pull":
-        return SifPlan("registry")
+        return SifPlan("registry", command=command)
     builder = settings["builder"]
     if builder not in BUILDERS:
         raise ConfigError(f"containers.builder: {builder!r} is not one of {', '.join(BUILDERS)}")
@@ -126,18 +194,22 @@ def plan_sif(
         if not usable(builder):
             raise ConfigError(
                 f"containers.builder: {builder} is not on PATH or cannot run here "
-                f"({PROBES[builder]} failed): fix it, or set containers.builder: auto to fall "
+                f"({PROBES[builder]}): fix it, or set containers.builder: auto to fall "
                 "back to Apptainer"
             )
-        return SifPlan("image", builder)
+        return SifPlan("image", builder, command)
     if builder == "auto":
         engine = next((engine for engine in ENGINES if usable(engine)), None)
         if engine:
-            return SifPlan("image", engine)
-    if which("apptainer"):
-        return SifPlan("definition")
+            return SifPlan("image", engine, command)
+    if apptainer_command(which):
+        if command == "singularity":
+            check_singularity_builds(version(command))
+        return SifPlan("definition", command=command)
     raise ConfigError(
-        NO_BUILDER if builder == "auto" else "containers.builder: apptainer is not on PATH"
+        NO_BUILDER
+        if builder == "auto"
+        else "containers.builder: neither apptainer nor singularity is on PATH"
     )
 
 
@@ -208,7 +280,7 @@ def sif_commands(
     reference: str = "",
 ) -> list[list[str]]:
     """The commands that write ``sif`` (their caller removes :func:`sif_archive` after them)."""
-    build = ["apptainer", "build", "--force"]
+    build = [plan.command, "build", "--force"]
     if plan.source == "registry":
         return [[*build, str(sif), f"docker://{without_tag(strip_scheme(reference))[0]}"]]
     if plan.source == "image":
@@ -230,6 +302,8 @@ def sif_commands(
         build += ["--build-arg", f"{name}={value}"]
     if spec.ca_bundle is not None:
         build += ["--bind", f"{spec.ca_bundle}:/run/secrets/{CA_SECRET_ID}"]
+    if spec.package_index is not None:
+        build += ["--bind", f"{spec.package_index}:/run/secrets/{INDEX_SECRET_ID}"]
     if spec.uv_cache is not None:
         build += ["--bind", f"{spec.uv_cache}:{BUILD_UV_CACHE}"]
     return [[*build, str(sif), str(project / DEFINITION)]]
@@ -266,50 +340,124 @@ class BuildPlace:
     role: str
 
 
-def build_places(environ: Mapping[str, str] = os.environ) -> list[BuildPlace]:
-    """Where ``apptainer build`` unpacks the root filesystem (APPTAINER_TMPDIR, else TMPDIR,
-    else /tmp: often a small tmpfs) and keeps the layers (APPTAINER_CACHEDIR/cache, else
-    ~/.apptainer/cache: often under a home quota)."""
-    temporary = environ.get("APPTAINER_TMPDIR") or environ.get("TMPDIR") or "/tmp"
-    if environ.get("APPTAINER_CACHEDIR"):
-        cache = Path(environ["APPTAINER_CACHEDIR"]) / "cache"
-    else:
-        config = environ.get("APPTAINER_CONFIGDIR") or str(Path.home() / ".apptainer")
-        cache = Path(config) / "cache"
+def build_places(
+    environ: Mapping[str, str] = os.environ, command: str = "apptainer"
+) -> list[BuildPlace]:
+    """Where ``command build`` unpacks the root filesystem (APPTAINER_TMPDIR, else
+    SINGULARITY_TMPDIR, else TMPDIR, else /tmp: often a small tmpfs) and keeps the layers
+    (APPTAINER_CACHEDIR/cache, else SINGULARITY_CACHEDIR/cache, else the configuration
+    directory's cache: ~/.apptainer/cache, often under a home quota). Apptainer reads both
+    names, the APPTAINER_ one first; SingularityCE's singularity reads SINGULARITY_* alone,
+    and keeps its configuration in ~/.singularity."""
+    prefixes = ("SINGULARITY",) if command == "singularity" else ("APPTAINER", "SINGULARITY")
+
+    def first(name: str) -> tuple[str, str]:
+        """(variable, value) of the first of the names that is set; (the main name, '')."""
+        names = [f"{prefix}_{name}" for prefix in prefixes]
+        return next(((n, environ[n]) for n in names if environ.get(n)), (names[0], ""))
+
+    tmp_variable, temporary = first("TMPDIR")
+    cache_variable, cache = first("CACHEDIR")
+    if not cache:
+        configuration = first("CONFIGDIR")[1] or str(Path.home() / f".{command}")
+        cache = configuration
     return [
-        BuildPlace("APPTAINER_TMPDIR", Path(temporary), "where it unpacks the image"),
-        BuildPlace("APPTAINER_CACHEDIR", cache, "where it keeps the layers"),
-    ]
+        BuildPlace(tmp_variable, Path(temporary or environ.get("TMPDIR") or "/tmp"),
+                   "where it unpacks the image"),
+        BuildPlace(cache_variable, Path(cache) / "cache", "where it keeps the layers"),
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a build may write on one filesystem: its free space, or what the user's quota
+    leaves where that is less; ``note`` says where the quota could not be read."""
+
+    free: int
+    quota_left: int | None = None
+    note: str = ""
+
+    @property
+    def bytes(self) -> int:
+        return self.free if self.quota_left is None else min(self.free, self.quota_left)
+
+    def describe(self) -> str:
+        if self.quota_left is not None and self.quota_left < self.free:
+            return f"{_gigabytes(self.quota_left)} left of your quota"
+        return f"{_gigabytes(self.free)} free"
+
+
+def room_at(path: Path, quota: str | None = None) -> Room:
+    """The room at ``path``: the disk's free space and, where ``quota`` (the quota command;
+    default: the one on PATH) answers for its filesystem, what the user's quota leaves."""
+    existing = _existing(path)
+    free = shutil.disk_usage(existing).free
+    command = quota or shutil.which("quota")
+    if command is None:
+        return Room(free, note=f"{existing}: no `quota` command here to read your quota")
+    mount = _mount_point(existing)
+    try:
+        done = subprocess.run(
+            [command, "--no-wrap", "--verbose", "--filesystem-list", str(mount)],
+            capture_output=True, text=True, check=False, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return Room(free, note=f"{existing}: `quota` did not answer ({error})")
+    return Room(free, quota_left(done.stdout))
+
+
+def quota_left(report: str) -> int | None:
+    """Bytes left under the user's block limit in ``quota --no-wrap --verbose`` output (1 KiB
+    blocks; the hard limit, else the soft one); None where no limit is set or no filesystem
+    is listed (quota prints only an error for a filesystem without quotas)."""
+    for line in report.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1].rstrip("*").isdigit() and fields[2].isdigit():
+            used, soft, hard = int(fields[1].rstrip("*")), int(fields[2]), int(fields[3])
+            limit = hard or soft
+            return max(0, limit - used) * QUOTA_BLOCK_BYTES if limit else None
+    return None
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
 
 
 def check_build_space(
-    env: str, image_bytes: int | None, environ: Mapping[str, str] = os.environ
-) -> None:
-    """Refuse an Apptainer build that its temporary directory and layer cache cannot hold
-    (``image_bytes`` each; unknown: UNKNOWN_IMAGE_BYTES), in one line naming both variables;
-    two places on one filesystem need room for both."""
+    env: str,
+    image_bytes: int | None,
+    environ: Mapping[str, str] = os.environ,
+    command: str = "apptainer",
+    quota: str | None = None,
+) -> list[str]:
+    """Refuse a build that the temporary directory and layer cache of ``command`` cannot hold
+    (``image_bytes`` each; unknown: UNKNOWN_IMAGE_BYTES) on their disks or under the user's
+    quota there, in one line naming both variables; two places on one filesystem need room
+    for both. Returns a note for each filesystem whose quota could not be read."""
     needed = image_bytes or UNKNOWN_IMAGE_BYTES
-    places = build_places(environ)
+    places = build_places(environ, command)
     by_disk: dict[int, list[BuildPlace]] = {}
     for place in places:
         by_disk.setdefault(_existing(place.path).stat().st_dev, []).append(place)
-    short = [
-        group
-        for group in by_disk.values()
-        if shutil.disk_usage(_existing(group[0].path)).free < needed * len(group)
-    ]
+    rooms = {device: room_at(group[0].path, quota) for device, group in by_disk.items()}
+    notes = [f"{room.note}: the check counts the disk's free space only"
+             for room in rooms.values() if room.note]  # fmt: skip
+    short = [device for device, group in by_disk.items()
+             if rooms[device].bytes < needed * len(group)]  # fmt: skip
     if not short:
-        return
+        return notes
     described = "; ".join(
-        f"{place.variable} ({place.path}, {place.role}): "
-        f"{_gigabytes(shutil.disk_usage(_existing(place.path)).free)} free"
-        for group in short
-        for place in group
+        f"{place.variable} ({place.path}, {place.role}): {rooms[device].describe()}"
+        for device in short
+        for place in by_disk[device]
     )
     raise ContainerError(
-        f"images: building {env}.sif needs about {_gigabytes(needed)} in each of Apptainer's "
-        f"temporary directory and layer cache; {described}: set APPTAINER_TMPDIR and "
-        "APPTAINER_CACHEDIR to directories on a disk with room"
+        f"images: building {env}.sif needs about {_gigabytes(needed)} in each of {command}'s "
+        f"temporary directory and layer cache; {described}: set {places[0].variable} and "
+        f"{places[1].variable} to directories on a disk with room"
     )
 
 
@@ -333,11 +481,29 @@ def sif_digest(
         return manifest.digest
     if plan.source == "registry":
         return digest_of(reference)
+    return file_digest(sif)
+
+
+def file_digest(path: Path) -> str:
+    """``sha256:`` and the hash of the file at ``path`` (a SIF is named by its bytes)."""
     digest = hashlib.sha256()
-    with open(sif, "rb") as stream:
+    with open(path, "rb") as stream:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     return f"sha256:{digest.hexdigest()}"
+
+
+def brought_image_digest(reference: str, workdir: Path) -> str:
+    """The digest that names an image a site brings in every record: the one its reference
+    pins, or the hash of a local file's bytes."""
+    return brought_digest(reference) or file_digest(workdir / Path(reference).expanduser())
+
+
+def brought_probe_launcher(binary: str, image: str, binds: Iterable[Path]) -> list[str]:
+    """``apptainer exec`` of a brought image as a cell's python starts in it (CELL_PYTHON),
+    with ``binds`` (the suite's sources) visible."""
+    bound = [option for path in binds for option in ("--bind", str(path))]
+    return [binary, "exec", *bound, image, *shlex.split(CELL_PYTHON)]
 
 
 def image_key(spec: BuildSpec, project: Path) -> str:

@@ -13,12 +13,16 @@ This module needs no torch and no Snakemake.
 
 from __future__ import annotations
 
+import collections
+import configparser
 import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,13 +50,65 @@ RECIPE_FILES = (INSTALL_SCRIPT, UV_REQUIREMENTS)
 # Where a podman build mounts the host's uv cache (docker/Dockerfile, ARG UV_CACHE_DIR).
 HOST_UV_CACHE_TARGET = "/var/cache/uv-host"
 CA_SECRET_ID = "ca_bundle"
+# The site's package index (a mirror, often with a token in its URL) reaches a build as a
+# secret file of NAME=value lines that docker/install.sh reads, never as a build argument: a
+# build argument stays in the image's history (docker history) and, in Apptainer, in the
+# definition file the SIF keeps.
+INDEX_SECRET_ID = "package_index"
+INDEX_VARIABLES = (
+    "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST",
+    "UV_DEFAULT_INDEX", "UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INSECURE_HOST",
+)  # fmt: skip
+# pip's settings of the same names in its configuration files (pip.conf's [global] section).
+PIP_CONFIG_KEYS = {"index-url": "PIP_INDEX_URL", "extra-index-url": "PIP_EXTRA_INDEX_URL",
+                   "trusted-host": "PIP_TRUSTED_HOST"}  # fmt: skip
 # Variables of the caller that a cell in a container must see: the GPU choice made by SLURM or
 # the user, the GPU lock directory shared by the cells of a node, the commit of the code.
 PASSED_VARIABLES = (VISIBLE_DEVICES_VARIABLE, COUNT_VARIABLE, GIT_COMMIT_VARIABLE)
 LOCKED_PACKAGES = ("torch", "torchvision", "transformers")
 DIGEST = re.compile(r"@(sha256:[0-9a-f]{64})$")
+# A library:// reference pins its image by a tag naming the SIF's hash.
+LIBRARY_DIGEST = re.compile(r":(sha256\.[0-9a-f]{64})$")
+# Where an image a site brings may come from besides a local file (environments.<env>.image).
+BROUGHT_SCHEMES = ("docker", "oras", "library")
+BROUGHT_FORMS = (
+    "a .sif path, docker://name@sha256:…, oras://name@sha256:… or library://path:sha256.…"
+)
 ENGINE_TIMEOUT_S = 120
+# What a failed build's output says of its cause, in the words of Apptainer, podman, docker,
+# apt, pip and uv (read from their last FAILURE_TAIL_LINES lines), and what to do about it.
+FAILURE_TAIL_LINES = 400
+FAILURE_LINE_CHARS = 200
+FAILURE_CAUSES = (
+    (
+        "fakeroot",
+        re.compile(r"fakeroot|/etc/sub[ug]id|newuidmap|newgidmap", re.IGNORECASE),
+        "--fakeroot is not set up for you (a subuid range): ask the site for one (`apptainer "
+        "config fakeroot --add $USER`), build where docker or podman runs, or set "
+        "containers.images: pull",
+    ),
+    (
+        "space",
+        re.compile(r"no space left on device|disk quota exceeded", re.IGNORECASE),
+        "no room where it writes: set APPTAINER_TMPDIR and APPTAINER_CACHEDIR (podman: its "
+        "storage) to a disk with room, under your quota",
+    ),
+    (
+        "network",
+        re.compile(
+            r"could not resolve|name resolution|name or service not known|no such host"
+            r"|network is unreachable"
+            r"|no route to host|connection (?:refused|reset|timed out)|failed to establish a new "
+            r"connection|tls handshake|i/o timeout|failed to fetch",
+            re.IGNORECASE,
+        ),
+        "the build cannot reach the network: build on a node that can, set HTTPS_PROXY, or name "
+        "the site's package mirror (PIP_INDEX_URL, UV_INDEX_URL, UV_DEFAULT_INDEX)",
+    ),
+)
 ENGINE_PROBE_TIMEOUT_S = 30
+# `podman info`, answering with the user namespace's ID maps.
+PODMAN_PROBE = ("info", "--format", "{{json .Host.IDMappings}}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +123,8 @@ class BuildSpec:
     ca_bundle: Path | None = None
     # The host's uv cache, mounted into the build so that its wheels are not downloaded again.
     uv_cache: Path | None = None
+    # The site's package index settings (write_index_secret), a build secret.
+    package_index: Path | None = None
 
     def build_arguments(self) -> dict[str, str]:
         text = self.requirements.read_text(encoding="utf-8")
@@ -159,18 +217,33 @@ def engine_for_images(settings: Mapping[str, Any], usable: Callable[[str], bool]
 
 def engine_usable(engine: str) -> bool:
     """Whether ``engine`` can build here: on PATH, and it answers: docker's daemon (a docker
-    client without a daemon is common on clusters), podman's own check (`podman info`: rootless
-    podman without subuids, usual on login nodes, is on PATH yet cannot run)."""
+    client without a daemon is common on clusters); podman's own check (`podman info`), whose
+    user namespace maps more than one ID: rootless podman without a subuid range (usual on
+    login nodes) answers `podman info`, but maps the user alone and cannot unpack a CUDA base,
+    whose files belong to other users."""
     if shutil.which(engine) is None:
         return False
-    probe = ["version", "--format", "{{.Server.Version}}"] if engine == "docker" else ["info"]
+    probe = ["version", "--format", "{{.Server.Version}}"] if engine == "docker" else PODMAN_PROBE
     try:
         answer = subprocess.run(
-            [engine, *probe], capture_output=True, check=False, timeout=ENGINE_PROBE_TIMEOUT_S
-        )
+            [engine, *probe],
+            capture_output=True, text=True, check=False, timeout=ENGINE_PROBE_TIMEOUT_S,
+        )  # fmt: skip
     except subprocess.TimeoutExpired:
         return False
-    return answer.returncode == 0
+    if answer.returncode != 0:
+        return False
+    return engine == "docker" or mapped_ids(answer.stdout) != 1
+
+
+def mapped_ids(id_mappings: str) -> int | None:
+    """How many user IDs podman's user namespace maps (``podman info``'s Host.IDMappings as
+    JSON); None where it has none (rootful podman shares the host's IDs) or says nothing."""
+    try:
+        uidmap = (json.loads(id_mappings) or {}).get("uidmap") or []
+        return sum(int(entry["size"]) for entry in uidmap) or None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def host_uv_cache() -> Path:
@@ -210,6 +283,9 @@ def check_container_config(config: Mapping[str, object], in_apptainer: bool = Fa
     if not isinstance(environments, Mapping):
         raise ConfigError("environments: not a mapping")
     for name, spec in environments.items():
+        if spec["kind"] == "image":
+            _check_brought_image(name, spec.get("image", ""), settings, in_apptainer)
+            continue
         if spec["kind"] == "container" and not runs_in_image(spec, settings, in_apptainer):
             raise ConfigError(
                 f"environments.{name}: kind container with containers.runtime apptainer runs "
@@ -221,10 +297,47 @@ def check_container_config(config: Mapping[str, object], in_apptainer: bool = Fa
 
 def runs_in_image(spec: Mapping[str, Any], settings: Mapping[str, Any], in_apptainer: bool) -> bool:
     """Whether an environment's cells run in its image: kind container under its runtime, or
-    any environment but the host under Apptainer."""
+    any environment but the host under Apptainer (kind image only there)."""
     if settings["runtime"] == "apptainer":
         return in_apptainer and spec["kind"] != "host"
     return spec["kind"] == "container"
+
+
+def is_local_image(reference: str) -> bool:
+    """Whether a brought image is a file on this machine (no scheme), not a registry's."""
+    return "://" not in reference
+
+
+def brought_digest(reference: str) -> str:
+    """The digest a brought image's reference pins (``sha256:…``, or a library's
+    ``sha256.…``); '' for a local file or a reference without one."""
+    if reference.startswith("library://"):
+        match = LIBRARY_DIGEST.search(reference)
+        return match.group(1) if match else ""
+    return "" if is_local_image(reference) else digest_of(reference)
+
+
+def _check_brought_image(
+    name: str, reference: str, settings: Mapping[str, Any], in_apptainer: bool
+) -> None:
+    """An image a site brings runs as is under Apptainer; a registry's pinned by its digest,
+    so that every record of the run names one image."""
+    key = f"environments.{name}.image"
+    if settings["runtime"] != "apptainer" or not in_apptainer:
+        raise ConfigError(
+            f"environments.{name}: kind image runs only under --use-singularity (--sdm "
+            "apptainer) with containers.runtime apptainer"
+        )
+    if is_local_image(reference):
+        if not Path(reference).expanduser().is_file():
+            raise ConfigError(f"{key}: {reference!r} is not a file (expected {BROUGHT_FORMS})")
+        return
+    scheme = reference.partition("://")[0]
+    if scheme not in BROUGHT_SCHEMES or not brought_digest(reference):
+        raise ConfigError(
+            f"{key}: {reference!r} is not pinned: expected {BROUGHT_FORMS} (the digest of the "
+            "image the site pulled, e.g. `apptainer inspect` or the registry's page)"
+        )
 
 
 def _check_image_source(name: str, spec: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
@@ -297,7 +410,37 @@ def build_command(engine: str, spec: BuildSpec, context: Path, recipe: Path) -> 
         command += ["--build-arg", f"{name}={value}"]
     if spec.ca_bundle is not None:
         command += ["--secret", f"id={CA_SECRET_ID},src={spec.ca_bundle}"]
+    if spec.package_index is not None:
+        command += ["--secret", f"id={INDEX_SECRET_ID},src={spec.package_index}"]
     return [*command, str(context)]
+
+
+def package_index_settings(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The site's pip and uv index settings: its variables (INDEX_VARIABLES), and pip's
+    configuration files' where no variable sets them (PIP_CONFIG_FILE, else the user's and
+    the system's pip.conf)."""
+    settings = {name: environ[name] for name in INDEX_VARIABLES if environ.get(name)}
+    home = Path(environ.get("HOME") or Path.home())
+    files = [environ.get("PIP_CONFIG_FILE", ""), "/etc/pip.conf",
+             str(home / ".pip/pip.conf"), str(home / ".config/pip/pip.conf")]  # fmt: skip
+    parser = configparser.ConfigParser()
+    parser.read([f for f in files if f], encoding="utf-8")  # later files win, as in pip
+    for key, name in PIP_CONFIG_KEYS.items():
+        value = parser.get("global", key, fallback="").strip()
+        if value and name not in settings:
+            settings[name] = " ".join(value.split())
+    return settings
+
+
+def write_index_secret(settings: Mapping[str, str], directory: Path) -> Path | None:
+    """The settings as a file only its owner reads (NAME='value' lines), None without any."""
+    if not settings:
+        return None
+    secret = directory / INDEX_SECRET_ID
+    secret.touch(mode=0o600)
+    lines = (f"{name}={shlex.quote(value)}\n" for name, value in settings.items())
+    secret.write_text("".join(lines), encoding="utf-8")
+    return secret
 
 
 def stage_context(spec: BuildSpec, project: Path, destination: Path) -> Path:
@@ -451,7 +594,43 @@ def _outermost(paths: Iterable[Path]) -> list[Path]:
     return kept
 
 
+def failure_cause(output: Iterable[str]) -> str:
+    """Why a build failed, where its output says: fakeroot, space or network, with what to do
+    and the line that tells it ('' where none does). The last telling line wins."""
+    for line in reversed(list(output)):
+        for kind, pattern, advice in FAILURE_CAUSES:
+            if pattern.search(line):
+                return f"{kind}: {advice} ({line.strip()[:FAILURE_LINE_CHARS]})"
+    return ""
+
+
+def run_streamed(command: list[str]) -> None:
+    """Run ``command`` with its output passed on to this process's stdout (the rule's log) as
+    it comes; a failure raises :class:`ContainerError` naming its cause (failure_cause)."""
+    tail: collections.deque[str] = collections.deque(maxlen=FAILURE_TAIL_LINES)
+    try:
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace") as process:  # fmt: skip
+            assert process.stdout is not None
+            for line in process.stdout:
+                sys.stdout.write(line)
+                tail.append(line)
+            returncode = process.wait()
+    except FileNotFoundError:
+        raise ContainerError(f"{command[0]}: not found on PATH") from None
+    sys.stdout.flush()
+    if returncode != 0:
+        cause = failure_cause(tail)
+        raise ContainerError(
+            f"{command[0]} {command[1]} failed (exit {returncode})"
+            + (f": {cause}" if cause else "")
+        )
+
+
 def _check_call(command: list[str], timeout: float | None) -> None:
+    if timeout is None:
+        run_streamed(command)
+        return
     try:
         subprocess.run(command, check=True, timeout=timeout)
     except FileNotFoundError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,15 @@ GPU_CODE_KEY = "gpu_code"
 PROBE_TIMEOUT_S = 300
 SRC = Path(__file__).resolve().parents[2]  # the directory holding ptspeed/
 
-# Run by the environment's python: the cell side's own reading of its torch.
-_PROBE = """\
+# The oldest Python ptspeed's cells run on (pyproject.toml's requires-python).
+CELL_MIN_PYTHON = (3, 10)
+# Run by the environment's python: the cell side's own reading of its torch. Its first lines
+# run on any Python 3, so that an image's older Python is named rather than a syntax error.
+_PROBE = f"""\
 import json, sys
+if sys.version_info < {CELL_MIN_PYTHON}:
+    sys.exit("its Python is %d.%d; ptspeed's cells need Python >= %d.%d"
+             % (sys.version_info[:2] + {CELL_MIN_PYTHON}))
 sys.path.insert(0, sys.argv[1])
 import torch
 from ptspeed.cell.gpu_code import GpuCode
@@ -80,13 +86,17 @@ def pinned_torch(requirements_lock_path: str | os.PathLike[str]) -> str | None:
     return f"{version}+{PYPI_CUDA_TAGS[version]}"
 
 
-def probe_code(python: str | os.PathLike[str]) -> GpuCode:
-    """The code of the torch that ``python`` imports (one subprocess, no GPU needed)."""
-    what = f"reading the GPU code of the torch of {python}"
+def probe_code(
+    python: str | os.PathLike[str], launcher: Sequence[str] = (), image: str = ""
+) -> GpuCode:
+    """The code of the torch that ``python`` imports (one subprocess, no GPU needed), started
+    by ``launcher`` where given (``apptainer exec`` of ``image``: the python of an image)."""
+    where = f" in {image}" if image else ""
+    what = f"reading the GPU code of the torch of {python}{where}"
     environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     try:
         done = subprocess.run(
-            [os.fspath(python), "-c", _PROBE, str(SRC)],
+            [*launcher, os.fspath(python), "-c", _PROBE, str(SRC)],
             capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=environment, check=False,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -110,10 +120,14 @@ def environment_codes(
     config: Mapping[str, Any], workdir: str | os.PathLike[str]
 ) -> dict[str, GpuCode | None]:
     """:func:`environment_code` of every configured environment (relative paths under
-    ``workdir``): what the planner knows of each before any cell runs."""
+    ``workdir``): what the planner knows of each before any cell runs (of an environment
+    without a lock, an image a site brings, what its record says once it is read)."""
     results = Path(workdir) / str(config["results"])
     codes = {}
     for env, spec in config["environments"].items():
         lock = spec.get("requirements")
-        codes[env] = environment_code(results, env, Path(workdir) / lock) if lock else None
+        if lock:
+            codes[env] = environment_code(results, env, Path(workdir) / lock)
+        else:
+            codes[env] = recorded_code(environment_record_path(results, env))
     return codes

@@ -11,6 +11,7 @@ and no Snakemake.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from collections.abc import Iterable, Mapping
@@ -31,7 +32,10 @@ from ptspeed.envs.containers import (
     UV_REQUIREMENTS,
     container_settings,
     forget_pruned_image,
+    is_local_image,
     runs_in_image,
+    strip_scheme,
+    without_tag,
 )
 from ptspeed.envs.gpu_code import environment_record_path
 from ptspeed.envs.venvs import venv_dir
@@ -83,7 +87,29 @@ class Realisation:
         return None
 
     def runs_in_sif(self, env: str) -> bool:
-        return self.runs_in_image(env) and not self.engine(env)
+        """Whether the cells of ``env`` run in the sif that rule sif makes."""
+        return self.runs_in_image(env) and not self.engine(env) and not self.brought(env)
+
+    def brought(self, env: str) -> str:
+        """The image the site brings for ``env`` (kind image), as Snakemake's ``container:``
+        takes it: a registry's reference, or a local file's absolute path; '' for others."""
+        spec = self.environments[env]
+        if spec["kind"] != "image" or not self.in_apptainer:
+            return ""
+        reference = str(spec["image"])
+        if reference.startswith("docker://"):
+            # Apptainer 1.3 refuses a tag beside the digest (containers.without_tag).
+            return f"docker://{without_tag(strip_scheme(reference))[0]}"
+        if not is_local_image(reference):
+            return reference
+        return os.path.abspath(self.workdir / Path(reference).expanduser())
+
+    def brought_environments(self) -> list[str]:
+        return [env for env in self.environments if self.brought(env)]
+
+    def brought_digest(self, env: str) -> str:
+        """The digest of a brought image (rule brought_image writes it beside its record)."""
+        return f"{self.results}/envs/{env}.digest"
 
     def manifest(self, env: str) -> str:
         """The manifest of the environment's image (rule image writes it)."""
@@ -98,14 +124,17 @@ class Realisation:
         return f"{self.sif(env)}.digest"
 
     def container(self, env: str) -> str | None:
-        """The cell's Snakemake ``container:``: the environment's sif, or None."""
-        return self.sif(env) if self.runs_in_sif(env) else None
+        """The cell's Snakemake ``container:``: the environment's sif, the image it brings, or
+        None."""
+        return self.brought(env) or (self.sif(env) if self.runs_in_sif(env) else None)
 
     def ready(self, env: str) -> str | list[str]:
         """What a cell waits for: its image's manifest (docker or podman), its sif and digest
         (a DAG input: ``container:`` alone is not one), its venv (build_env) or nothing."""
         if self.engine(env):
             return self.manifest(env)
+        if self.brought(env):
+            return [environment_record_path(self.results, env), self.brought_digest(env)]
         if self.runs_in_image(env):
             return [self.sif(env), self.sif_digest(env)]
         if self.environments[env]["kind"] != "venv":
@@ -135,7 +164,8 @@ class Realisation:
     def apptainer_python(self, env: str) -> str:
         """The image's python as the cell's command inside the container starts it: blind to
         the host's Python packages (apptainer.CELL_PYTHON), with the digest for the record."""
-        digest = shlex.quote(self.sif_digest(env))
+        digest_file = self.brought_digest(env) if self.brought(env) else self.sif_digest(env)
+        digest = shlex.quote(digest_file)
         return f'{CELL_PYTHON} PTSPEED_CONTAINER_DIGEST="$(cat {digest})" python'
 
     def container_launcher(self, env: str, engine: str) -> str:
@@ -269,10 +299,20 @@ class Images:
         options += ["--requirements", self.requirements(env)]
         return quoted([*options, *self.recipe_options(env)])
 
-    def targets(self) -> list[str]:
-        """What `snakemake images` makes: under Apptainer every <env>.sif (with what it is made
-        of), else every image's manifest."""
+    def targets(self, used: Iterable[str] | None = None) -> list[str]:
+        """What `snakemake images` makes, of the environments ``used`` by the matrix's cells
+        (None: every one): under Apptainer every <env>.sif (with what it is made of) and the
+        record of every image a site brings, else every image's manifest."""
         realisation = self.realisation
-        if self.sif_plan:
-            return [realisation.sif(env) for env in realisation.sif_environments()]
-        return [realisation.manifest(env) for env in realisation.image_environments()]
+        wanted = set(realisation.environments if used is None else used)
+        brought = [
+            environment_record_path(realisation.results, env)
+            for env in realisation.brought_environments()
+            if env in wanted
+        ]
+        sifs = [realisation.sif(env) for env in realisation.sif_environments() if env in wanted]
+        if self.sif_plan or brought:
+            return [*(sifs if self.sif_plan else []), *brought]
+        return [
+            realisation.manifest(env) for env in realisation.image_environments() if env in wanted
+        ]

@@ -197,6 +197,15 @@ def _check_environments(environments: Mapping[str, Any]) -> None:
             raise ConfigError(f"environments.{name}: kind venv needs requirements and python")
         if env["kind"] == "container" and not env.get("container"):
             raise ConfigError(f"environments.{name}: kind container needs container")
+        if env.get("image") and env["kind"] != "image":
+            raise ConfigError(
+                f"environments.{name}.image: only kind image takes an image (kind is {env['kind']})"
+            )
+        if env["kind"] == "image" and not env.get("image"):
+            raise ConfigError(
+                f"environments.{name}: kind image needs image (a .sif path, docker://…@sha256:…, "
+                "oras://…@sha256:… or library://…:sha256.…)"
+            )
 
 
 def env_variant_pairs(config: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -195,7 +195,7 @@ def _environment_rows(
         if column in recorded
     }
     return {
-        "kind": {env: format_text((configured.get(env) or {}).get("kind")) for env in groups},
+        "kind": {env: _kind(configured.get(env) or {}) for env in groups},
         "records": {env: str(len(group)) for env, group in groups.items()},
         # Backend settings only where some record states them (older records lack them).
         **{
@@ -204,6 +204,13 @@ def _environment_rows(
             if label not in BACKEND_SETTINGS or set(values.values()) != {BLANK}
         },
     }
+
+
+def _kind(spec: Mapping[str, Any]) -> str:
+    """How an environment was realised; an image a site brings, with its reference."""
+    if spec.get("kind") == "image":
+        return f"brought: {spec.get('image')}"
+    return format_text(spec.get("kind"))
 
 
 def _of_env(env: str) -> Callable[[Row], str]:
