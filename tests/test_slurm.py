@@ -324,16 +324,20 @@ def run_on_slurm(
     return done.stdout, wall_s, prefix
 
 
+# Where the README sends a user for the cluster recipes: the commands are copied from there.
+CLUSTER_GUIDE = "docs/clusters.md"
+
+
 def readme_command(start: str) -> list[str]:
-    """The README's command line that starts with ``start``, as printed (a line ending in a
+    """The cluster guide's command line that starts with ``start``, as printed (a line ending in a
     backslash continues on the next)."""
-    lines = iter((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    lines = iter((ROOT / CLUSTER_GUIDE).read_text(encoding="utf-8").splitlines())
     for line in lines:
         if line.startswith(start):
             while line.endswith("\\"):
                 line = line[:-1] + next(lines)
             return shlex.split(line, comments=True)
-    raise AssertionError(f"README.md has no command starting with {start!r}")
+    raise AssertionError(f"{CLUSTER_GUIDE} has no command starting with {start!r}")
 
 
 def records(results: Path) -> list[dict[str, Any]]:
