@@ -13,7 +13,6 @@
 # Needs root (packages, /etc/slurm, daemons). The cluster keeps no accounting database
 # (no slurmdbd), so Snakemake must query job states with `--slurm-status-command squeue`.
 set -euo pipefail
-set -euo pipefail
 
 STATE=${PTSPEED_SLURM_STATE:-/var/lib/ptspeed-slurm}
 CONF_DIR=/etc/slurm

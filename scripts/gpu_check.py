@@ -518,9 +518,13 @@ def run_paths(
                                         why_not, 0.0, None, "", ""))  # fmt: skip
                 continue
             timeout_s = min(args.timeout, budget.left_s())
-            record, seconds, killed = run_path(
-                env, found[env], path, args.device, args.out, timeout_s
-            )
+            try:
+                record, seconds, killed = run_path(
+                    env, found[env], path, args.device, args.out, timeout_s
+                )
+            except KeyboardInterrupt:  # stopped: a cell that wrote its record still ran
+                outcomes.extend(finished_outcome(env, version, path, expected, args.out))
+                raise
             budget.spent(path, seconds)
             record_path = record_file(args.out, env, path)
             outcome = outcome_of(env, version, path, expected, record, seconds, record_path)
@@ -533,6 +537,17 @@ def run_paths(
                 )
             outcomes.append(outcome)
             print(f"{env} {path.name}: {outcome.status} ({seconds:.0f} s)", flush=True)
+
+
+def finished_outcome(
+    env: str, version: str, path: CheckedPath, expected: str, out_dir: Path
+) -> list[Outcome]:
+    """The outcome of a path whose cell wrote its record before the check was stopped (its
+    process still ending); none where it had not."""
+    record_path = record_file(out_dir, env, path)
+    if not record_path.exists():
+        return []
+    return [outcome_of(env, version, path, expected, read_record(record_path), 0.0, record_path)]
 
 
 def left_out(path: CheckedPath, device: str, gpus: int, budget: Budget) -> str:

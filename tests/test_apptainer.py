@@ -292,7 +292,8 @@ def test_a_cluster_job_takes_the_login_nodes_plan_and_probes_nothing(tmp_path: P
     calls.unlink()
     (bin_dir / "podman").unlink()  # the GPU node has no podman
     plan = SifPlan("image", "podman").to_text()
-    job = snakemake("-n", "--use-singularity", "--mode", "remote",
+    # A cluster job plans the device its login node decided (device: auto is refused there).
+    job = snakemake("-n", "--use-singularity", "--mode", "remote", "--config", "device=cpu",
                     env={**with_emulator(path), "PTSPEED_SIF_PLAN": plan})  # fmt: skip
     assert job.returncode == 0, job.stdout[-3000:]
     assert not calls.exists()

@@ -18,6 +18,7 @@ import yaml
 
 PROJECT_DIR = Path(__file__).resolve().parents[3]
 SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
+DEFAULT_CONFIG_PATH = PROJECT_DIR / "config" / "config.yaml"
 
 
 @functools.cache
@@ -45,3 +46,11 @@ def default_of(*keys: str) -> Any:
     for key in keys:
         spec = spec["properties"][key]
     return copy.deepcopy(spec["default"])
+
+
+def default_config() -> dict[str, Any]:
+    """The default matrix (config/config.yaml) with the schema's defaults filled in."""
+    with open(DEFAULT_CONFIG_PATH, encoding="utf-8") as handle:
+        config = yaml.safe_load(handle)
+    fill_defaults(config, load_schema())
+    return config

@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from ptspeed.analysis import late_numerics, ranks, stats
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE, RUNS_COLUMNS
@@ -26,7 +25,7 @@ from ptspeed.cell.measurement.telemetry import (
     NVML_ENERGY_STEP_S,
     NVML_POWER_AVERAGE_S,
 )
-from ptspeed.plan.schema import PROJECT_DIR, fill_defaults, load_schema
+from ptspeed.plan.schema import default_config
 from ptspeed.render.breakdown import PROFILING_METHOD
 from ptspeed.render.comparison import rule_sentence
 from ptspeed.render.formatting import (
@@ -40,7 +39,6 @@ from ptspeed.render.formatting import (
 from ptspeed.render.page import Block, ReportInputs, Section
 from ptspeed.render.tables import COMPILER_HEADER, Column, Row, Table, given, text
 
-DEFAULT_CONFIG = PROJECT_DIR / "config" / "config.yaml"
 # The first column of the environments and method tables: what each row gives.
 SETTING = Column("", given("name"))
 METHOD_TABLE = [SETTING, Column("setting", given("value"), wrap=True)]
@@ -232,8 +230,7 @@ not edit by hand. A report states the same rules at its own run's config.
 
 def method_rules() -> str:
     """The Method section at the default config, as the guide's Markdown page."""
-    config = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
-    fill_defaults(config, load_schema())
+    config = default_config()
     runs, empty = pd.DataFrame(columns=RUNS_COLUMNS), pd.DataFrame()
     section = method_section(ReportInputs(runs, empty, empty, config, claims={}))
     tables = [
