@@ -44,6 +44,7 @@ from ptspeed.cell.record import CellSpec, Record, read_record  # noqa: E402
 from ptspeed.cell.variants.knobs import parse_knobs, unsupported_for_model  # noqa: E402
 from ptspeed.envs.venvs import venv_dir, venv_python  # noqa: E402
 from ptspeed.launch.gpus import node_pool  # noqa: E402
+from ptspeed.launch.watchdog import end_process_group  # noqa: E402
 from ptspeed.models import get_model  # noqa: E402
 
 CONFIG = ROOT / "config" / "config.yaml"
@@ -261,22 +262,7 @@ def run_bounded(command: list[str], environment: dict[str, str], limit_s: float)
         return f"stuck: still running {limit_s:.0f} s after it started, killed"
     finally:
         if child.poll() is None:
-            _end_group(child)
-
-
-def _end_group(child: subprocess.Popen[bytes]) -> None:
-    """TERM to the child's process group (the watchdog, its worker, torchrun's ranks), KILL
-    to what is left after a grace period."""
-    for signum, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(child.pid, signum)
-        except ProcessLookupError:
-            return
-        try:
-            child.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            end_process_group(child, grace_s=10.0)
 
 
 def outcome_of(

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import shlex
@@ -61,13 +62,20 @@ def device_class(requested):
     return detect_device_class(requested)
 
 
+@contextlib.contextmanager
+def config_errors(prefix="config: "):
+    """A ConfigError raised inside as Snakemake's one-line WorkflowError, ``prefix`` first."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise WorkflowError(f"{prefix}{exc}") from None
+
+
 # Checks the config (schema, paths, cross-references) and fills its defaults in place.
-try:
+with config_errors():
     DEVICE_CLASS = prepare_config(
         config, device_class, Path.cwd(), workflow.configfiles
     )
-except ConfigError as exc:
-    raise WorkflowError(f"config: {exc}") from None
 
 RESULTS = config["results"]
 ENVIRONMENTS = config["environments"]
@@ -81,10 +89,8 @@ def in_apptainer():
 
 IN_APPTAINER = in_apptainer()
 if workflow.is_main_process:
-    try:
+    with config_errors():
         check_container_config(config, IN_APPTAINER)
-    except ConfigError as exc:
-        raise WorkflowError(f"config: {exc}") from None
 REALISATION = Realisation(
     config, DEVICE_CLASS, IN_APPTAINER, Path(workflow.basedir), Path.cwd()
 )
@@ -125,10 +131,8 @@ def driver_refusals(platforms):
 
 # The cluster's GPU types, and the environments that carry no code for one's GPU or need a
 # newer driver than this node's.
-try:
+with config_errors():
     PLATFORM_PLAN = platform_plan(config, environment_codes(config, Path.cwd()))
-except ConfigError as exc:
-    raise WorkflowError(f"config: {exc}") from None
 PLATFORM_PLAN = replace(
     PLATFORM_PLAN,
     cannot_run={
@@ -150,19 +154,13 @@ def gpu_limit():
 
 
 if workflow.is_main_process:
-    try:
+    with config_errors():
         check_cluster(config["cluster"], ON_SCHEDULER, config["platforms"])
-    except ConfigError as exc:
-        raise WorkflowError(f"config: {exc}") from None
-    try:
+    with config_errors(""):
         check_gpu_limit(gpu_limit(), DEVICE_CLASS == "cuda", ON_SCHEDULER)
-    except ConfigError as exc:
-        raise WorkflowError(str(exc)) from None
     if DEVICE_CLASS == "cuda" and not ON_SCHEDULER:
-        try:
+        with config_errors():
             check_variant_gpus(config["variants"], gpu_limit())
-        except ConfigError as exc:
-            raise WorkflowError(f"config: {exc}") from None
 
 
 def cell_gpus(wildcards):
@@ -201,14 +199,12 @@ def cluster_gpu_request(key):
 # Each cell job on one node (sbatch --nodes=1): a distributed cell's processes talk over the
 # node's links, and a job spread over nodes would measure the network instead.
 ONE_NODE = {"nodes": 1} if ON_SCHEDULER else {}
-try:
+with config_errors():
     CELL_JOB_RESOURCES = {
         **cell_job_resources(PLATFORM_PLAN, slurm_resources(config["cluster"])),
         **cell_gpu_resources(),
         **ONE_NODE,
     }
-except ConfigError as exc:
-    raise WorkflowError(f"config: {exc}") from None
 
 
 wildcard_constraints:

@@ -27,12 +27,10 @@ def make_sif_plan():
     takes its main process's plan (apptainer.SIF_PLAN_VARIABLE) and probes nothing."""
     if not (IN_APPTAINER and REALISATION.sif_environments()):
         return None
-    try:
+    with config_errors(""):
         if workflow.remote_exec and os.environ.get(SIF_PLAN_VARIABLE):
             return SifPlan.from_text(os.environ[SIF_PLAN_VARIABLE])
         plan = plan_sif(CONTAINERS, usable_here)
-    except ConfigError as exc:
-        raise WorkflowError(str(exc)) from None
     os.environ[SIF_PLAN_VARIABLE] = plan.to_text()
     if workflow.is_main_process:
         print(f"ptspeed: {plan.describe()}", file=sys.stderr)
@@ -57,12 +55,10 @@ def set_cell_apptainer_args():
     binds = outside(Path.cwd(), [Path(RESULTS), Path(workflow.basedir), *MODEL_PATHS])
     for path in binds:
         path.mkdir(parents=True, exist_ok=True)
-    try:
+    with config_errors():
         settings.apptainer_args = cell_apptainer_args(
             settings.apptainer_args or "", DEVICE_CLASS, binds
         )
-    except ConfigError as exc:
-        raise WorkflowError(f"config: {exc}") from None
 
 
 SIF_PLAN = make_sif_plan()
@@ -78,18 +74,16 @@ def check_job_driver(env):
         return
     driver = nvidia_driver_version()
     if driver:
-        try:
+        with config_errors():
             REALISATION.check_driver({env}, driver)
-        except ConfigError as exc:
-            raise WorkflowError(f"config: {exc}") from None
+
+
 IMAGES = Images(REALISATION, images_engine(), SIF_PLAN)
 
 
 def image_requirements(wildcards):
-    try:
+    with config_errors(""):
         return IMAGES.requirements(wildcards.env)
-    except ConfigError as exc:
-        raise WorkflowError(str(exc)) from None
 
 
 def image_build_options(wildcards):
@@ -101,17 +95,13 @@ def image_pull_options(wildcards):
 
 
 def sif_inputs(wildcards):
-    try:
+    with config_errors(""):
         return IMAGES.sif_inputs(wildcards.env)
-    except ConfigError as exc:
-        raise WorkflowError(str(exc)) from None
 
 
 def sif_options(wildcards):
-    try:
+    with config_errors(""):
         return IMAGES.sif_options(wildcards.env)
-    except ConfigError as exc:
-        raise WorkflowError(str(exc)) from None
 
 
 def brought_image_input(wildcards):

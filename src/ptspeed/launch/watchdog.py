@@ -103,10 +103,10 @@ def _run_worker(
         try:
             wait_blocking(process, spec.timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(process)
+            end_process_group(process)
             return None, True
         except BaseException:
-            _kill_group(process)
+            end_process_group(process)
             raise
         finally:
             _relay(stderr_path)
@@ -145,8 +145,10 @@ def _worker_env(extra_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+def end_process_group(process: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
+    """TERM to ``process``'s process group (its workers, torchrun's ranks), KILL to what is
+    left after ``grace_s``; nothing where the group is gone."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
