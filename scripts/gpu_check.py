@@ -46,9 +46,9 @@ from ptspeed.envs.venvs import venv_dir, venv_python  # noqa: E402
 from ptspeed.launch.gpus import node_pool  # noqa: E402
 from ptspeed.launch.watchdog import end_process_group  # noqa: E402
 from ptspeed.models import get_model  # noqa: E402
+from ptspeed.plan.schema import default_of  # noqa: E402
 
 CONFIG = ROOT / "config" / "config.yaml"
-SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 MISMATCH = "numerics_mismatch"
 STEPS = {"warmup_steps": 3, "measured_steps": 5, "numerics_steps": 2}
 
@@ -161,8 +161,7 @@ def interpreters(config: dict) -> dict[str, str]:
     """The host interpreter, and the python of every venv environment of the default config
     already built in its environment cache."""
     found = {"host": sys.executable}
-    default_cache = yaml.safe_load(SCHEMA.read_text())["properties"]["env_cache"]["default"]
-    env_cache = Path(config.get("env_cache", default_cache)).expanduser()
+    env_cache = Path(config.get("env_cache", default_of("env_cache"))).expanduser()
     for name, env in config["environments"].items():
         if env.get("kind", "venv") != "venv":
             continue
