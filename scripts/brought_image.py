@@ -19,12 +19,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ptspeed.cell.files import write_atomic
-from ptspeed.envs.apptainer import apptainer_command, brought_image_digest, brought_probe_launcher
+from ptspeed.envs.apptainer import apptainer_command, brought_image_digest
+from ptspeed.envs.apptainer_cells import brought_probe_launcher
 from ptspeed.envs.gpu_code import environment_record, probe_code
 from ptspeed.errors import EnvBuildError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-# The image's own interpreter, as the cells start it (ptspeed.envs.apptainer.CELL_PYTHON).
+# The image's own interpreter, as the cells start it (ptspeed.envs.apptainer_cells.CELL_PYTHON).
 IMAGE_PYTHON = "python"
 
 

@@ -34,19 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import pandas as pd
 
+from ptspeed.analysis.change_verdict import AA_SPREAD, SAME, Rule
 from ptspeed.analysis.columns import read_table
-from ptspeed.analysis.compare import (
-    AA_SPREAD,
-    SAME,
-    Rule,
-    compare_runs,
-    cross_check_speedups,
-    machine_changes,
-    read_runs,
-    regressions,
-    run_defaults,
-    speedups_beside,
-)
+from ptspeed.analysis.compare import compare_runs, cross_check_speedups, regressions
+from ptspeed.analysis.compare_inputs import read_runs, run_defaults, speedups_beside
+from ptspeed.analysis.machine_change import machine_changes
 from ptspeed.cell.files import write_atomic
 from ptspeed.render.comparison import (
     CROSS_CHECK_HEADERS,

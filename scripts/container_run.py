@@ -18,12 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
-from ptspeed.envs.containers import (
-    ENGINES,
-    ImageManifest,
-    passed_environment,
-    run_command,
-)
+from ptspeed.envs.containers import ENGINES, ImageManifest
+from ptspeed.envs.engine_calls import passed_environment, run_command
 from ptspeed.errors import ContainerError
 from ptspeed.launch.gpus import LOCK_DIR_VARIABLE, lock_dir
 

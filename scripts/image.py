@@ -33,31 +33,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from ptspeed.cell.files import exclusive_lock
 from ptspeed.envs.apptainer import (
     APPTAINER_COMMANDS,
-    SIF_LOCK,
     SifPlan,
     apptainer_command,
-    check_build_space,
-    check_room_for_sif,
     image_key,
     saves_archive,
     sif_archive,
     sif_commands,
     sif_digest,
 )
+from ptspeed.envs.build_space import SIF_LOCK, check_build_space, check_room_for_sif
 from ptspeed.envs.containers import (
     ENGINES,
     BuildSpec,
     ImageManifest,
-    build_image,
-    build_tag,
     host_uv_cache,
-    image_size,
     package_index_settings,
-    pull_image,
-    push_image,
-    run_streamed,
     write_index_secret,
 )
+from ptspeed.envs.engine_calls import build_image, image_size, pull_image, push_image, run_streamed
+from ptspeed.envs.image_references import build_tag
 from ptspeed.errors import ContainerError
 
 PROJECT = Path(__file__).resolve().parents[1]

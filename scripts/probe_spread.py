@@ -33,14 +33,11 @@ from ptspeed.analysis.conditions import (
     PROBE_FIXTURE_COLUMNS,
     QUIET_SHARE,
     judge_runs,
-    other_cpu_share,
-    probe_ends,
-    probe_group,
     probe_norms,
     quiet_spread,
     settings,
-    steal_share,
 )
+from ptspeed.analysis.trial_readings import other_cpu_share, probe_ends, probe_group, steal_share
 
 ROOT = Path(__file__).resolve().parents[1]
 # mlp at batch 32: about a second of measured window on a 2-core VM, as long as a short cell.

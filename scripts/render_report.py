@@ -22,7 +22,7 @@ import pandas as pd
 
 from ptspeed.analysis.aggregate import read_mapping
 from ptspeed.analysis.columns import read_table
-from ptspeed.analysis.compare import read_runs
+from ptspeed.analysis.compare_inputs import read_runs
 from ptspeed.render.report import render
 
 

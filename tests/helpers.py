@@ -31,7 +31,8 @@ from jsonschema import Draft202012Validator
 from torch import nn
 from torch.nn import functional
 
-from ptspeed.cell.record import CellSpec, Metrics, NumericsCheck, Provenance, Record, write_record
+from ptspeed.cell.record import CellSpec, NumericsCheck, Provenance, Record, write_record
+from ptspeed.cell.record_window import Metrics
 from ptspeed.cell.schema import json_schema
 from ptspeed.envs.venvs import build_venv, venv_python
 from ptspeed.models import Batch, ModelSpec, Sizes

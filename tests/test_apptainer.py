@@ -38,37 +38,34 @@ from helpers import (
 )
 
 from ptspeed.envs.apptainer import (
-    CELL_PYTHON,
+    DEFINITION as DEFINITION_FILE,
+)
+from ptspeed.envs.apptainer import (
     NO_BUILDER,
     SifPlan,
-    build_places,
-    cell_apptainer_args,
-    check_build_space,
     check_driver,
-    check_room_for_sif,
     image_key,
-    outside,
     plan_sif,
     sif_commands,
     sif_digest,
 )
-from ptspeed.envs.apptainer import (
-    DEFINITION as DEFINITION_FILE,
-)
+from ptspeed.envs.apptainer_cells import CELL_PYTHON, cell_apptainer_args, outside
+from ptspeed.envs.build_space import build_places, check_build_space, check_room_for_sif
+from ptspeed.envs.container_config import check_container_config
 from ptspeed.envs.containers import (
     BuildSpec,
     ImageManifest,
+    package_index_settings,
+    write_index_secret,
+)
+from ptspeed.envs.engine_calls import (
     build_command,
-    check_container_config,
-    digest_of,
     engine_usable,
     failure_cause,
     inspect_image,
-    package_index_settings,
     push_image,
-    without_tag,
-    write_index_secret,
 )
+from ptspeed.envs.image_references import digest_of, without_tag
 from ptspeed.errors import ConfigError, ContainerError
 
 EMULATOR_DIR = ROOT / "tests" / "fixtures" / "apptainer-emulator"

@@ -18,14 +18,8 @@ from ptspeed.analysis import breakdown as tables
 from ptspeed.analysis.columns import read_table
 from ptspeed.cell.harness import run_cell
 from ptspeed.cell.measurement import profiling
-from ptspeed.cell.measurement.breakdown import (
-    KINDS,
-    STEP_ANNOTATION,
-    SUM_TOLERANCE,
-    breakdown,
-    classify_kernel,
-    classify_op,
-)
+from ptspeed.cell.measurement.breakdown import STEP_ANNOTATION, SUM_TOLERANCE, breakdown
+from ptspeed.cell.measurement.work_kinds import KINDS, classify_kernel, classify_op
 from ptspeed.cell.record import CellSpec
 from ptspeed.launch.watchdog import run_cell_in_worker
 from ptspeed.plan.layout import Cell

@@ -18,20 +18,11 @@ from helpers import write_fixture_records
 
 from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.aggregate import load_tables
-from ptspeed.analysis.compare import (
-    AA_SPREAD,
-    COMPARE_COLUMNS,
-    FASTER,
-    NOT_COMPARABLE,
-    SAME,
-    SLOWER,
-    InputError,
-    Rule,
-    compare_runs,
-    cross_check_speedups,
-    machine_changes,
-    read_runs,
-)
+from ptspeed.analysis.change_verdict import AA_SPREAD, FASTER, NOT_COMPARABLE, SAME, SLOWER, Rule
+from ptspeed.analysis.compare import COMPARE_COLUMNS, compare_runs, cross_check_speedups
+from ptspeed.analysis.compare_inputs import read_runs
+from ptspeed.analysis.machine_change import machine_changes
+from ptspeed.errors import InputError
 from ptspeed.render.comparison import (
     DISPLAY_HEADERS,
     cross_check_line,

@@ -42,7 +42,7 @@ from ptspeed.analysis.reruns import (
 )
 from ptspeed.cell.faults import FAULTS_VARIABLE, NEIGHBOUR
 from ptspeed.cell.measurement import conditions
-from ptspeed.cell.record import Conditions
+from ptspeed.cell.record_window import Conditions
 from ptspeed.plan.schema import fill_defaults, load_schema
 
 # --- the cell's samples --------------------------------------------------------------------------

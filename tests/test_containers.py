@@ -22,18 +22,10 @@ from helpers import BIN, CI_BASE_IMAGE, PLAN_TIMEOUT_S, ROOT, host_ca_bundle, wr
 from helpers import snakemake as run_snakemake
 
 from ptspeed.cell import provenance
-from ptspeed.envs.containers import (
-    BuildSpec,
-    ImageManifest,
-    build_command,
-    build_tag,
-    check_container_config,
-    digest_of,
-    image_digest,
-    locked_versions,
-    run_command,
-    stage_context,
-)
+from ptspeed.envs.container_config import check_container_config
+from ptspeed.envs.containers import BuildSpec, ImageManifest, locked_versions, stage_context
+from ptspeed.envs.engine_calls import build_command, image_digest, run_command
+from ptspeed.envs.image_references import build_tag, digest_of
 from ptspeed.errors import ConfigError
 from ptspeed.plan.schema import fill_defaults, load_schema
 

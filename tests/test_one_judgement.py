@@ -29,7 +29,8 @@ from helpers import CLAIMS, CONFIG, ROOT, TABLE_NAMES, make_record
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.columns import read_table
 from ptspeed.analysis.conditions import judge_runs
-from ptspeed.cell.record import Conditions, write_record
+from ptspeed.cell.record import write_record
+from ptspeed.cell.record_window import Conditions
 
 LABELS = {"resnet50": "b8-i96", "bert-base": "b4-s64", "gpt2": "b2-s64"}
 WINDOW_S, CPUS = 2.0, 2

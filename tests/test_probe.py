@@ -19,19 +19,20 @@ import pytest
 import torch
 from helpers import HOSTS, ROOT, snakemake, write_config
 
+from ptspeed.analysis.change_verdict import FASTER, SAME, SLOWER
 from ptspeed.analysis.columns import read_table
-from ptspeed.analysis.compare import FASTER, SAME, SLOWER, compare_runs, machine_changes
+from ptspeed.analysis.compare import compare_runs
 from ptspeed.analysis.conditions import (
     PROBE_SPREAD_MULTIPLIER,
     ProbeNorm,
     judge_runs,
     perturbed_counts,
-    probe_group,
-    probe_s,
 )
+from ptspeed.analysis.machine_change import machine_changes
+from ptspeed.analysis.trial_readings import probe_group, probe_s
 from ptspeed.cell.faults import FAULTS_VARIABLE, SLOW_MACHINE, SLOW_STEP
 from ptspeed.cell.measurement import probe
-from ptspeed.cell.record import Conditions
+from ptspeed.cell.record_window import Conditions
 from ptspeed.render.comparison import machine_lines
 
 

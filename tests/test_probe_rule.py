@@ -27,12 +27,11 @@ from ptspeed.analysis.conditions import (
     PROBE_SPREAD,
     QUIET_SHARE,
     judge_runs,
-    other_cpu_share,
-    probe_ends,
     quiet_spread,
     settings,
 )
 from ptspeed.analysis.reruns import reruns_due
+from ptspeed.analysis.trial_readings import other_cpu_share, probe_ends
 
 PROBES = Path(__file__).parent / "fixtures" / "probes"
 CONFIG = {"trials": 5, "conditions": {"reruns": 2}}

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from ptspeed.envs import realise
-from ptspeed.envs.apptainer import CELL_PYTHON, SifPlan
+from ptspeed.envs.apptainer import SifPlan
+from ptspeed.envs.apptainer_cells import CELL_PYTHON
 from ptspeed.envs.realise import Images, Realisation
 from ptspeed.envs.venvs import lock_hash
 from ptspeed.errors import ConfigError

@@ -22,13 +22,13 @@ from ptspeed.cell.files import write_atomic
 from ptspeed.cell.record import (
     STATUSES,
     CellSpec,
-    Metrics,
     NumericsCheck,
     Provenance,
     Record,
     read_record,
     write_record,
 )
+from ptspeed.cell.record_window import Metrics
 from ptspeed.cell.schema import json_schema
 from ptspeed.errors import WriteFailed
 

@@ -20,7 +20,7 @@ from ptspeed.plan.cluster import (
 from ptspeed.plan.config import effective_config_json, prepare_config
 from ptspeed.plan.device import detect_device_class, device_class_for_jobs
 from ptspeed.plan.platforms import cell_job_resources, platform_of, platform_plan
-from ptspeed.envs.containers import check_container_config
+from ptspeed.envs.container_config import check_container_config
 from ptspeed.envs.gpu_code import environment_codes, environment_record_path
 from ptspeed.envs.realise import Realisation
 from ptspeed.launch.gpus import check_variant_gpus

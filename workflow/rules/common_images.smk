@@ -3,19 +3,12 @@
 
 import functools
 
-from ptspeed.envs.apptainer import (
-    SIF_PLAN_VARIABLE,
-    SifPlan,
-    cell_apptainer_args,
-    outside,
-    plan_sif,
-)
-from ptspeed.envs.containers import (
-    ENGINES,
-    engine_for_images,
-    engine_usable,
-    is_local_image,
-)
+from ptspeed.envs.apptainer import SIF_PLAN_VARIABLE, SifPlan, plan_sif
+from ptspeed.envs.apptainer_cells import cell_apptainer_args, outside
+from ptspeed.envs.container_config import engine_for_images
+from ptspeed.envs.containers import ENGINES
+from ptspeed.envs.engine_calls import engine_usable
+from ptspeed.envs.image_references import is_local_image
 from ptspeed.envs.realise import Images
 
 # Each engine is asked once per process (docker's daemon, podman's ID maps: up to 30 s each).
@@ -39,7 +32,7 @@ def make_sif_plan():
 
 def images_engine():
     """What builds or pulls the images of the image rule (the plan's engine under Apptainer,
-    with no second probe), else containers.engine_for_images."""
+    with no second probe), else container_config.engine_for_images."""
     if SIF_PLAN:
         return SIF_PLAN.engine or ENGINES[0]
     if workflow.remote_exec and CONTAINERS["runtime"] not in ENGINES:

@@ -2,7 +2,7 @@
 
 Owns the breakdown's columns in the runs table (:data:`RUN_COLUMNS`: a record's ``profile``
 flattened, one ``time_<kind>_s`` column per kind of
-:data:`ptspeed.cell.measurement.breakdown.KINDS`), in the summary (:data:`SUMMARY_COLUMNS`: the
+:data:`ptspeed.cell.measurement.work_kinds.KINDS`), in the summary (:data:`SUMMARY_COLUMNS`: the
 median of each over the cell's profiled ok trials, the unperturbed ones where there are any;
 the workflow profiles the first trial and its reruns) and in the speedups
 (:func:`side_columns`: each side's, and :data:`SENTENCE`, the sentence that names the biggest
@@ -16,7 +16,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ptspeed.cell.measurement.breakdown import KINDS, SUM_TOLERANCE
+from ptspeed.cell.measurement.breakdown import SUM_TOLERANCE
+from ptspeed.cell.measurement.work_kinds import KINDS
 
 KIND_COLUMNS = [f"time_{kind}_s" for kind in KINDS]
 KIND_LABELS = {

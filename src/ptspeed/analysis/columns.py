@@ -37,7 +37,8 @@ from ptspeed.analysis.energy import (
 from ptspeed.analysis.late_numerics import GATE_LOSS_BOUND, LATE_COLUMNS
 from ptspeed.analysis.reruns import RERUN_COLUMNS
 from ptspeed.analysis.staleness import STALE
-from ptspeed.cell.record import STATUSES, CellSpec, Metrics
+from ptspeed.cell.record import STATUSES, CellSpec
+from ptspeed.cell.record_window import Metrics
 from ptspeed.models import REGISTRY
 from ptspeed.plan.layout import DEFAULT_SIZES, SIZE_KEYS
 
@@ -50,7 +51,7 @@ CELL_FIELDS = [f.name for f in dataclasses.fields(CellSpec)]
 # Per-step and per-rank lists stay in the records (steps.csv holds the step times).
 LIST_METRICS = ("step_times_s", "rank_measured_wall_s")
 # Metrics the harness is adding (issue 11), read from the records that carry them before
-# record.Metrics names them; their type decides the column's. Harmless once it does.
+# record_window.Metrics names them; their type decides the column's. Harmless once it does.
 _NEW_METRICS = {"compiler_cache": "str"}
 _METRIC_TYPES = {
     **{f.name: f.type for f in dataclasses.fields(Metrics) if f.name not in LIST_METRICS},

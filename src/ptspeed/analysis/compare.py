@@ -16,8 +16,8 @@ Trials judged perturbed (``perturbed`` in runs.csv) are left out unless kept, as
 leave them out.
 
 **The machine.** Every trial probes the machine's speed just outside its window
-(:mod:`ptspeed.cell.measurement.probe`; :func:`ptspeed.analysis.conditions.probe_s`). The probe
-runs in the cell's environment, so it times that build's BLAS as well as the machine (on one
+(:mod:`ptspeed.cell.measurement.probe`; :func:`ptspeed.analysis.trial_readings.probe_s`). The
+probe runs in the cell's environment, so it times that build's BLAS as well as the machine (on one
 AMD CPU the GEMM probe took 60–145 ms under torch 1.13 and 19–39 ms under torch 2.0): probes
 are compared only with like probes, per :class:`MachineKey` (platform, device kind, CPU
 threads, probe work, environment and its torch build), never pooled across environments. Per
@@ -82,6 +82,14 @@ numbers, then the cells. Where both result sets have a
 ``speedups.csv`` beside their ``runs.csv``, :func:`cross_check_speedups` checks each
 comparison's speedup of one run against the other's interval, both ways: two runs of one matrix
 on one machine should agree.
+
+The parts: the runs read and the defaults in :mod:`ptspeed.analysis.compare_inputs`
+(:func:`~ptspeed.analysis.compare_inputs.run_defaults`); the machine in
+:mod:`ptspeed.analysis.machine_change` (:class:`~ptspeed.analysis.machine_change.MachineKey`,
+:func:`~ptspeed.analysis.machine_change.machine_changes`,
+:data:`~ptspeed.analysis.machine_change.MACHINE_CHANGE`); the rule in
+:mod:`ptspeed.analysis.change_verdict` (:data:`~ptspeed.analysis.change_verdict.AA_SPREAD`,
+:func:`~ptspeed.analysis.change_verdict.corrected`).
 """
 
 from __future__ import annotations
@@ -89,44 +97,33 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pandas as pd
 
 from ptspeed.analysis import ranks
-from ptspeed.analysis.aggregate import read_mapping
-from ptspeed.analysis.columns import (
-    ALPHA,
-    CELL_KEYS,
-    CONFIDENCE,
-    platform_column,
-    read_table,
+from ptspeed.analysis.change_verdict import (
+    AA_SPREAD,
+    NOT_COMPARABLE,
+    SLOWER,
+    Rule,
+    corrected,
+    judged,
 )
-from ptspeed.analysis.conditions import counted_in_speedups, probe_kind, probe_s, settings
+from ptspeed.analysis.columns import ALPHA, CELL_KEYS, CONFIDENCE
+from ptspeed.analysis.compare_inputs import defaults_of, known_rows, plain_value
+from ptspeed.analysis.conditions import counted_in_speedups
+from ptspeed.analysis.machine_change import (
+    Machine,
+    MachineKey,
+    machine_changes,
+    machine_key,
+    machine_of,
+)
 from ptspeed.analysis.summary import status_counts
 from ptspeed.errors import InputError
-from ptspeed.plan.layout import (
-    SIZE_KEYS,
-    runs_csv_of,
-)
-from ptspeed.plan.schema import fill_defaults, load_schema
+from ptspeed.plan.layout import SIZE_KEYS
 
-FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
-# Two runs of identical code differ by up to this ratio (95 %): measured, see the docstring.
-AA_SPREAD = 0.05
-# The machine changed between the runs when its probe's ratio is significant and beyond this
-# (one thread's probe varies by about 3 % within a quiet run on the development VM).
-MACHINE_CHANGE = 0.03
-# The config the workflow writes beside a run's tables (rule effective_config).
-CONFIG_SNAPSHOT = "config.json"
-# Tables from before platforms have no platform column: they are one unnamed platform.
-REQUIRED_COLUMNS = [
-    *(key for key in CELL_KEYS if key != "platform"),
-    "status",
-    "throughput_samples_per_s",
-]
 COMPARE_COLUMNS = [
     "mark",
     *CELL_KEYS,
@@ -151,72 +148,6 @@ COMPARE_COLUMNS = [
 ]
 
 
-def read_runs(path: str | Path) -> pd.DataFrame:
-    """The runs table of a result set, checked for the columns a comparison needs."""
-    csv = runs_csv_of(path)
-    try:
-        runs = read_table(csv)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise InputError(f"{csv}: not a runs table ({error})") from error
-    missing = [column for column in REQUIRED_COLUMNS if column not in runs.columns]
-    if missing:
-        raise InputError(f"{csv}: not a runs table, lacks columns: {', '.join(missing)}")
-    return runs
-
-
-# --- defaults ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """The settings a comparison uses where not given, and where they came from."""
-
-    min_effect: float
-    min_window_s: float
-    keep_perturbed: bool
-    source: str
-
-
-def compare_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``compare`` settings of ``config``, the schema's defaults filling the gaps."""
-    given = (config or {}).get("compare")
-    filled: dict[str, Any] = {"compare": dict(given) if isinstance(given, Mapping) else {}}
-    fill_defaults(filled, {"properties": {"compare": load_schema()["properties"]["compare"]}})
-    return filled["compare"]
-
-
-def config_beside(runs_path: str | Path) -> Path | None:
-    """The config snapshot of a result set: ``config.json`` in its results directory (beside
-    ``tables/``) or beside its runs.csv; None where there is none."""
-    csv = runs_csv_of(runs_path)
-    for directory in (csv.parent, csv.parent.parent):
-        if (directory / CONFIG_SNAPSHOT).is_file():
-            return directory / CONFIG_SNAPSHOT
-    return None
-
-
-def run_defaults(old_path: str | Path, new_path: str | Path) -> Defaults:
-    """The compared run's own settings: from the new run's config snapshot, else the old
-    run's, else the schema's defaults."""
-    for path in (config_beside(new_path), config_beside(old_path)):
-        if path is not None:
-            return defaults_of(read_mapping(path), str(path))
-    return defaults_of(None, "the config schema")
-
-
-def defaults_of(config: Mapping[str, Any] | None, source: str) -> Defaults:
-    conditions = settings(config)
-    return Defaults(
-        float(compare_settings(config)["min_effect"]),
-        float(conditions["min_window_s"]),
-        bool(conditions["keep_perturbed"]),
-        source,
-    )
-
-
-# --- comparing -----------------------------------------------------------------------------------
-
-
 def compare_runs(
     old: pd.DataFrame,
     new: pd.DataFrame,
@@ -230,7 +161,8 @@ def compare_runs(
     ``ratio`` is new / old median throughput over the ok trials (the perturbed ones left out
     unless ``keep_perturbed``); above 1 means faster; ``corrected_ratio`` divides it by its
     environment's machine. ``threshold`` (the minimum effect) and ``min_window_s`` default to
-    the config schema's; :func:`run_defaults` gives a run's own.
+    the config schema's; :func:`~ptspeed.analysis.compare_inputs.run_defaults` gives a
+    run's own.
     """
     schema = defaults_of(None, "")
     threshold = schema.min_effect if threshold is None else threshold
@@ -255,7 +187,7 @@ def cells_of(
     unknown (an unreadable file outside the workflow's layout) cannot be matched and are left
     out."""
     # Only the same platform is compared across runs; a run without platforms is one unnamed.
-    known = _known(runs)
+    known = known_rows(runs)
     rates = pd.to_numeric(known["throughput_samples_per_s"], errors="coerce")
     rates = rates.where(
         counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
@@ -271,7 +203,7 @@ def cells_of(
     trials = zip(*columns, known["status"], rates, machines, windows, strict=True)
     for *key, status, rate, machine, window in trials:
         cell = cells.setdefault(
-            tuple(_plain(v) for v in key),
+            tuple(plain_value(v) for v in key),
             {"rates": [], "statuses": [], "machines": [], "windows": []},
         )
         cell["statuses"].append(status)
@@ -282,160 +214,9 @@ def cells_of(
     return cells
 
 
-def _known(runs: pd.DataFrame) -> pd.DataFrame:
-    """The rows whose cell is known, with their platform (a run without platforms: one
-    unnamed)."""
-    known = runs[runs["env"].notna()]
-    return known.assign(platform=platform_column(known))
-
-
-# --- the machine -----------------------------------------------------------------------------
-
-
-class MachineKey(NamedTuple):
-    """What a machine-speed probe is compared with: probes of the same work, threads and
-    device on the same platform, made in the same environment by the same torch build (the
-    probe times the build's BLAS too)."""
-
-    platform: str
-    kind: str
-    threads: int | None
-    work: str
-    env: str
-    torch: str
-
-
-def machine_key(row: Mapping[str, Any]) -> MachineKey:
-    """A trial's :class:`MachineKey` from its runs.csv row (kind '' where it did not probe;
-    a GPU's probe does not depend on the CPU threads)."""
-    kind = probe_kind(row)
-    threads = _plain(row.get("probe_threads")) if kind == "cpu" else None
-    text = [_plain(row.get(k)) for k in ("platform", "probe_work", "env", "torch")]
-    platform, work, env, torch = ("" if v is None else str(v) for v in text)
-    return MachineKey(platform, kind, threads, work, env, torch)
-
-
-def probe_speeds(runs: pd.DataFrame, keep_perturbed: bool = False) -> dict[MachineKey, list[float]]:
-    """Per machine key, the machine's speed (1 / probe_s) of each ok trial a cell counts
-    (the perturbed left out unless ``keep_perturbed``); trials without probes in no key."""
-    known = _known(runs)
-    counted = counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
-    speeds: dict[MachineKey, list[float]] = {}
-    for row, use in zip(known.to_dict("records"), counted, strict=True):
-        seconds = probe_s(row) if use and row.get("status") == "ok" else math.nan
-        if math.isfinite(seconds) and seconds > 0:
-            speeds.setdefault(machine_key(row), []).append(1.0 / seconds)
-    return speeds
-
-
-@dataclass(frozen=True)
-class Machine:
-    """One machine key in both runs: each run's median probe (seconds) and trials, and the
-    ratio new / old of its speed (None where a side did not probe)."""
-
-    key: MachineKey
-    old_probe_s: float
-    old_trials: int
-    new_probe_s: float
-    new_trials: int
-    ratio: ranks.Ratio | None
-
-    def changed(self) -> bool:
-        """The probe's change is significant and beyond :data:`MACHINE_CHANGE`."""
-        ratio = self.ratio
-        return (
-            ratio is not None and ratio.significant and abs(ratio.estimate - 1.0) > MACHINE_CHANGE
-        )
-
-    def bounds(self) -> tuple[float, float, float]:
-        """(m, m_low, m_high): the machine's ratio and interval; where it has no interval,
-        the estimate for both ends; where it was not probed on both sides, 1, 1, 1."""
-        if self.ratio is None or math.isnan(self.ratio.estimate):
-            return 1.0, 1.0, 1.0
-        m = self.ratio.estimate
-        low, high = self.ratio.low, self.ratio.high
-        return (m, m, m) if math.isnan(low) else (m, low, high)
-
-
-def machine_changes(
-    old: pd.DataFrame, new: pd.DataFrame, keep_perturbed: bool = False
-) -> dict[MachineKey, Machine]:
-    """Per machine key of either run, its :class:`Machine`."""
-    old_speeds, new_speeds = probe_speeds(old, keep_perturbed), probe_speeds(new, keep_perturbed)
-    machines = {}
-    for key in sorted(old_speeds.keys() | new_speeds.keys(), key=_key_order):
-        before, after = old_speeds.get(key, []), new_speeds.get(key, [])
-        ratio = ranks.speedup(before, after, CONFIDENCE, ALPHA) if before and after else None
-        machines[key] = Machine(
-            key,
-            1.0 / statistics.median(before) if before else math.nan,
-            len(before),
-            1.0 / statistics.median(after) if after else math.nan,
-            len(after),
-            ratio,
-        )
-    return machines
-
-
-def _key_order(key: MachineKey) -> tuple[str, ...]:
-    return tuple("" if v is None else str(v) for v in key)
-
-
-def _machine_of(
-    old: Mapping[str, Any], new: Mapping[str, Any], machines: Mapping[MachineKey, Machine]
-) -> Machine | None:
-    """The machine a cell ran on in both runs: its key where it is one and the same on both
-    sides and both probed; None otherwise."""
-    keys = set(old.get("machines", [])) | set(new.get("machines", []))
-    if len(keys) != 1:
-        return None
-    machine = machines.get(keys.pop())
-    return machine if machine is not None and machine.ratio is not None else None
-
-
-def _plain(value: Any) -> Any:
-    """A key part that compares equal across the two tables (NaN != NaN would split cells)."""
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
 def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
     # Blanks last; numbers before text, so that a stray text size never meets an int.
     return tuple((v is None, isinstance(v, str), 0 if v is None else v) for v in key)
-
-
-# --- the verdict -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    """The numbers a verdict uses: the minimum effect, the A/A spread and the shortest
-    window a change is called in (seconds)."""
-
-    min_effect: float
-    aa_spread: float
-    min_window_s: float
-
-    @classmethod
-    def of(cls, config: Mapping[str, Any] | None) -> Rule:
-        """The rule a run's config sets (the schema's defaults filling the gaps)."""
-        defaults = defaults_of(config, "")
-        return cls(defaults.min_effect, AA_SPREAD, defaults.min_window_s)
-
-
-def corrected(
-    ratio: ranks.Ratio, machine: Machine | None, aa_spread: float
-) -> tuple[float, float, float]:
-    """(c, low, high): the cell's ratio divided by its machine's, and an interval whose
-    half-widths on the log scale are the ratio's, the machine's and ``log(1 + aa_spread)``
-    added in quadrature (independent errors; each about 95 %)."""
-    m, m_low, m_high = machine.bounds() if machine is not None else (1.0, 1.0, 1.0)
-    between = math.log1p(aa_spread)
-    c = ratio.estimate / m
-    up = math.hypot(math.log(ratio.high / ratio.estimate), math.log(m / m_low), between)
-    down = math.hypot(math.log(ratio.estimate / ratio.low), math.log(m_high / m), between)
-    return c, c * math.exp(-down), c * math.exp(up)
 
 
 def _compared(
@@ -458,7 +239,7 @@ def _compared(
     assert old is not None and new is not None
     ratio = ranks.speedup(old["rates"], new["rates"], CONFIDENCE, ALPHA)
     row.update(ratio.columns("ratio"))
-    machine = _machine_of(old, new, machines)
+    machine = machine_of(old, new, machines)
     if machine is not None and machine.ratio is not None:
         m = machine.ratio
         row.update(
@@ -470,7 +251,7 @@ def _compared(
     if not math.isnan(ratio.low):
         c, low, high = corrected(ratio, machine, rule.aa_spread)
         row.update(corrected_ratio=c, corrected_low=low, corrected_high=high)
-    mark, change = _judged(ratio, rule, machine, _shortest_window(old, new))
+    mark, change = judged(ratio, rule, machine, _shortest_window(old, new))
     return {**row, "mark": mark, "change": change}
 
 
@@ -500,75 +281,6 @@ def _why_not_comparable(old: Mapping[str, Any] | None, new: Mapping[str, Any] | 
     return "; ".join(reasons)
 
 
-def _judged(
-    ratio: ranks.Ratio, rule: Rule, machine: Machine | None = None, window_s: float = math.inf
-) -> tuple[str, str]:
-    """The mark and its words by the rule of the module docstring (``window_s``: the shorter
-    side's median measured window)."""
-    if math.isnan(ratio.low):
-        return SAME, "too few ok trials for a test (2 per side needed)"
-    floor = ranks.smallest_p_value(ratio.n_baseline, ratio.n_candidate)
-    if floor >= ratio.alpha:
-        return SAME, (
-            f"too few ok trials to detect a change ({ratio.n_baseline} and "
-            f"{ratio.n_candidate}: p >= {floor:.2g} whatever they measure)"
-        )
-    c, low, high = corrected(ratio, machine, rule.aa_spread)
-    m = machine.bounds()[0] if machine is not None else 1.0
-    beyond = abs(c - 1.0) > rule.min_effect
-    if beyond and (high < 1.0 or low > 1.0):
-        return _beyond(ratio, c, m, rule, window_s)
-    if beyond:
-        return SAME, _within_noise(ratio, c, machine, rule)
-    if ratio.significant and abs(ratio.estimate - 1.0) > rule.min_effect:
-        explained = f"x{ratio.estimate:.2f}, as the machine's own change explains"
-        return SAME, f"{explained} ({_beside(c, m)})"
-    if ratio.significant:
-        return SAME, f"significant, but within the {rule.min_effect:.0%} threshold"
-    return SAME, "no significant change"
-
-
-def _beyond(ratio: ranks.Ratio, c: float, m: float, rule: Rule, window_s: float) -> tuple[str, str]:
-    """The verdict on a change beyond the minimum effect whose whole interval lies on one
-    side of no change: called, unless the cell moved against it or its windows are short."""
-    slower = c < 1.0
-    word = "slower" if slower else "faster"
-    if (ratio.high < 1.0) if not slower else (ratio.low > 1.0):
-        moved = "slower" if ratio.high < 1.0 else "faster"
-        return SAME, (
-            f"x{ratio.estimate:.2f}: {moved} than before, but by less than the machine "
-            f"({_beside(c, m)}): a changed machine moves cells less than its probe, so not "
-            f"called {word}"
-        )
-    if window_s < rule.min_window_s:
-        return SAME, (
-            f"{word} by the numbers, but its windows ({window_s:.2f} s) are shorter than the "
-            f"{rule.min_window_s:g} s a change is called on (conditions.min_window_s): "
-            "lengthen steps.measured"
-        )
-    if abs(m - 1.0) > MACHINE_CHANGE:
-        return (SLOWER if slower else FASTER), f"{word} beyond the machine ({_beside(c, m)})"
-    return (SLOWER if slower else FASTER), word
-
-
-def _within_noise(ratio: ranks.Ratio, c: float, machine: Machine | None, rule: Rule) -> str:
-    """Words for a change beyond the minimum effect whose interval reaches no change: which
-    noise lets it (the runs' own spread, the machine's probe, or the trials themselves)."""
-    _, low, high = corrected(ratio, machine, 0.0)
-    if high < 1.0 or low > 1.0:
-        return (
-            f"x{c:.2f} beside the machine, within the ±{rule.aa_spread:.0%} two runs of identical "
-            "code differ by (A/A): repeat the runs to tell"
-        )
-    if ratio.significant:
-        return f"x{c:.2f} beside the machine, but not significant beside its probe's own noise"
-    return "no significant change"
-
-
-def _beside(c: float, m: float) -> str:
-    return f"machine x{m:.2f}; ratio / machine x{c:.2f}"
-
-
 def regressions(compared: pd.DataFrame) -> pd.DataFrame:
     """The cells that got significantly slower by more than the threshold."""
     return compared[compared["mark"] == SLOWER]
@@ -590,12 +302,6 @@ CROSS_CHECK_COLUMNS = [
     "new_inside_old",
     "old_inside_new",
 ]
-
-
-def speedups_beside(runs_path: str | Path) -> Path | None:
-    """The speedups.csv beside a result set's runs.csv, if there is one."""
-    candidate = runs_csv_of(runs_path).with_name("speedups.csv")
-    return candidate if candidate.is_file() else None
 
 
 def cross_check_speedups(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:

@@ -23,12 +23,16 @@ records without rerunning. A trial is perturbed when
   was off the median of its like probes by more than ``max_probe_deviation`` at **both** ends
   of the window, in the same direction (slower or faster): probes are like where the same
   work ran in the same environment and build, on the same platform, device and CPU threads
-  (:func:`probe_group`: a probe times the build's BLAS as much as the machine), where at least
-  :data:`MIN_PROBED_TRIALS` trials probed. A group whose own probes spread wider than the
-  threshold allows (a build or a machine noisier than the one the default was measured on,
-  :data:`PROBE_SPREAD`) is judged by :data:`PROBE_SPREAD_MULTIPLIER` times that spread instead
-  (:class:`ProbeNorm`), so that its quiet trials are not all flagged. One slow end alone is a
-  passing moment outside the window, not a slow machine through it.
+  (:func:`~ptspeed.analysis.trial_readings.probe_group`: a probe times the build's BLAS as
+  much as the machine), where at least :data:`MIN_PROBED_TRIALS` trials probed. A group whose
+  own probes spread wider than the threshold allows (a build or a machine noisier than the one
+  the default was measured on, :data:`PROBE_SPREAD`) is judged by
+  :data:`PROBE_SPREAD_MULTIPLIER` times that spread instead (:class:`ProbeNorm`), so that its
+  quiet trials are not all flagged. One slow end alone is a passing moment outside the window,
+  not a slow machine through it.
+
+What each rule reads of a trial's row (its CPU shares, its probe's ends and group) is
+:mod:`ptspeed.analysis.trial_readings`.
 
 One judgement: the trials of round ``a`` (:mod:`ptspeed.analysis.reruns`: configured trials
 are round 0, their reruns round 1, …) are judged against the run's median trial of rounds
@@ -52,7 +56,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ptspeed.cell.record import Conditions
+from ptspeed.analysis.trial_readings import (
+    PROBE_COLUMNS,
+    blank,
+    other_cpu_share,
+    probe_ends,
+    probe_group,
+    steal_share,
+)
+from ptspeed.cell.record_window import Conditions
 from ptspeed.plan.schema import fill_defaults, load_schema
 
 # Per-rank lists stay in the records.
@@ -74,10 +86,6 @@ JUDGEMENT_COLUMNS = ["perturbed", "perturbed_reason"]
 MOSTLY = 0.5
 # Fewer probed trials in a group give no median to judge a trial's probe against.
 MIN_PROBED_TRIALS = 3
-PROBE_COLUMNS = {
-    "cpu": ("probe_cpu_gemm_s", "probe_cpu_memory_s"),
-    "cuda": ("probe_gpu_gemm_s",),
-}
 # A group of like probes spread wider than max_probe_deviation allows is judged by this many
 # times its own robust spread (1.4826 x the median absolute deviation of log(end / median),
 # the standard deviation where the spread is normal): about 3 in 1,000 quiet ends lie beyond
@@ -207,18 +215,10 @@ def judgement_rounds(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> li
 
 def _judge(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> tuple[Any, str]:
     """(perturbed, why) of one ok trial; (NA, '') where it recorded nothing to judge."""
-    if _blank(row.get("window_s")):
+    if blank(row.get("window_s")):
         return pd.NA, ""
     reasons = [reason for rule in RULES if (reason := rule(row, thresholds))]
     return bool(reasons), "; ".join(reasons)
-
-
-def other_cpu_share(row: Mapping[str, Any]) -> float:
-    """The share of the trial's CPUs' time other processes took over its window (NaN: unknown)."""
-    other, window, cpus = row.get("other_cpu_s"), row.get("window_s"), row.get("affinity_cpus")
-    if any(_blank(v) for v in (other, window, cpus)) or not window or not cpus:
-        return math.nan
-    return max(0.0, float(other)) / (float(window) * float(cpus))
 
 
 def _cpu_share(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
@@ -232,7 +232,7 @@ def _cpu_share(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
 def _judged_share(row: Mapping[str, Any], min_window_s: float) -> float:
     """The other processes' CPU share of an ok trial whose window is long enough, else NaN."""
     window = row.get("window_s")
-    if row.get("status") != "ok" or _blank(window) or float(window) < min_window_s:
+    if row.get("status") != "ok" or blank(window) or float(window) < min_window_s:
         return math.nan
     return other_cpu_share(row)
 
@@ -256,7 +256,7 @@ def _cpu_left(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
 
 
 def _clock_reason(what: str, highest: Any, limit: Any, fraction: float) -> str:
-    if _blank(highest) or _blank(limit) or not limit:
+    if blank(highest) or blank(limit) or not limit:
         return ""
     if float(highest) >= fraction * float(limit):
         return ""
@@ -288,89 +288,26 @@ def _throttled(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
 def _scaler_skipped(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
     """fp16 steps GradScaler skipped in the window did no optimizer update (and ran faster)."""
     skipped = row.get("amp_skipped_steps")
-    if _blank(skipped) or int(skipped) <= 0:
+    if blank(skipped) or int(skipped) <= 0:
         return ""
     return f"GradScaler skipped {int(skipped)} optimizer step(s) in the window (fp16 overflow)"
 
 
 def _gpu_neighbours(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
     others, limit = row.get("gpu_other_processes"), thresholds["max_other_gpu_processes"]
-    if _blank(others) or int(others) <= limit:
+    if blank(others) or int(others) <= limit:
         return ""
     return f"{int(others)} other process(es) on its GPU"
 
 
-def steal_share(row: Mapping[str, Any]) -> float:
-    """The share of the trial's CPUs' time the hypervisor gave other guests over its window
-    (NaN: unknown)."""
-    steal, window, cpus = row.get("steal_cpu_s"), row.get("window_s"), row.get("affinity_cpus")
-    if any(_blank(v) for v in (steal, window, cpus)) or not window or not cpus:
-        return math.nan
-    return max(0.0, float(steal)) / (float(window) * float(cpus))
-
-
 def _stolen(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
     window, limit = row.get("window_s"), thresholds["max_steal_share"]
-    if _blank(window) or float(window) < thresholds["min_window_s"]:
+    if blank(window) or float(window) < thresholds["min_window_s"]:
         return ""
     share = steal_share(row)
     if math.isnan(share) or share <= limit:
         return ""
     return f"the hypervisor took {share:.1%} of its CPUs (steal, > {limit:.1%})"
-
-
-def probe_kind(row: Mapping[str, Any]) -> str:
-    """'cuda' where the trial probed a GPU, 'cpu' where only the CPU, '' where it did not
-    probe."""
-    for kind in ("cuda", "cpu"):
-        if not _blank(row.get(f"{PROBE_COLUMNS[kind][0]}_before")):
-            return kind
-    return ""
-
-
-def probe_ends(row: Mapping[str, Any]) -> tuple[float, float]:
-    """The trial's machine-speed probe in seconds at each end of its window (before, after;
-    lower: a faster machine): the GPU's GEMM on CUDA, the CPU's GEMM and memory pass together
-    on the CPU; NaN where it did not probe."""
-    kind = probe_kind(row)
-    if not kind:
-        return math.nan, math.nan
-    ends = []
-    for end in ("before", "after"):
-        values = [row.get(f"{column}_{end}") for column in PROBE_COLUMNS[kind]]
-        total = math.nan if any(_blank(v) for v in values) else sum(float(v) for v in values)
-        ends.append(total if total > 0 else math.nan)
-    return ends[0], ends[1]
-
-
-def probe_s(row: Mapping[str, Any]) -> float:
-    """The trial's machine-speed probe in seconds, the mean of its two ends
-    (:func:`probe_ends`); NaN where it did not probe."""
-    ends = probe_ends(row)
-    return math.nan if any(math.isnan(end) for end in ends) else float(np.mean(ends))
-
-
-def probe_group(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a probe is compared within: (platform, device kind, the CPU probe's threads — a
-    GPU's probe does not depend on them —, the probe's work as run: its fixed work in the
-    trial's environment and build). A probe times the BLAS and copy loops of the build that
-    runs it (torch 1.13's GEMM took 3.7 times torch 2.0's on an AMD EPYC VM, issue 36), so
-    probes of two environments or builds are never compared."""
-    kind = probe_kind(row)
-    threads = row.get("probe_threads") if kind == "cpu" else None
-    platform = row.get("platform")
-    return (
-        "" if _blank(platform) else str(platform),
-        kind,
-        None if _blank(threads) else int(threads),
-        f"{row.get('probe_work') or ''} in {_build(row)}",
-    )
-
-
-def _build(row: Mapping[str, Any]) -> str:
-    """The trial's environment and torch (its version names the wheel, and so its BLAS)."""
-    env, torch_version = row.get("env"), row.get("torch")
-    return f"{'' if _blank(env) else env} (torch {'' if _blank(torch_version) else torch_version})"
 
 
 @dataclass(frozen=True)
@@ -429,10 +366,6 @@ def _probe_off(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
         f"(machine-speed probe {before * 1e3:.1f} and {after * 1e3:.1f} ms against their median "
         f"{norm.median_s * 1e3:.1f} ms, > {norm.tolerance(limit):.0%} off: {why})"
     )
-
-
-def _blank(value: Any) -> bool:
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
 def counted_in_speedups(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> pd.Series:

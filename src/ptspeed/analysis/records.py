@@ -35,15 +35,8 @@ from ptspeed.analysis.columns import (
 from ptspeed.analysis.conditions import CONDITION_COLUMNS
 from ptspeed.analysis.late_numerics import GATE_LOSS_BOUND, recorded_late_check
 from ptspeed.analysis.staleness import STALE, stale_reason
-from ptspeed.cell.record import (
-    STATUSES,
-    CellSpec,
-    Conditions,
-    Metrics,
-    NumericsCheck,
-    Provenance,
-    Record,
-)
+from ptspeed.cell.record import STATUSES, CellSpec, NumericsCheck, Provenance, Record
+from ptspeed.cell.record_window import Conditions, Metrics
 from ptspeed.plan.layout import cell_from_path
 
 

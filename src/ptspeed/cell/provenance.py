@@ -27,8 +27,8 @@ ALLOCATOR_VARIABLES = (
     "PYTORCH_CUDA_ALLOC_SYNC",
 )
 GPU_STATE_QUERY = "clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
-# Set by the workflow's container runtimes (ptspeed.envs.containers): the image and its digest, and
-# the commit of the mounted checkout (an image has no git to ask).
+# Set by the workflow's container runtimes (ptspeed.envs.engine_calls): the image and its digest,
+# and the commit of the mounted checkout (an image has no git to ask).
 # Set by the launcher (ptspeed.launch.gpus) for a CUDA cell: the GPUs it claimed, from which pool.
 ASSIGNMENT_VARIABLE = "PTSPEED_GPU_ASSIGNMENT"
 CONTAINER_IMAGE_VARIABLE = "PTSPEED_CONTAINER_IMAGE"

@@ -1,6 +1,8 @@
 """The environments' Apptainer images: how this machine makes them (chosen once), the commands
 that make ``<env>.sif``, the digest that names it in every record, the shared image directory
-that several checkouts reuse, and the check that the node's driver runs the image's CUDA.
+that several checkouts reuse, and the check that the node's driver runs the image's CUDA. The
+room a build needs: :mod:`ptspeed.envs.build_space`; the cells that run in the images:
+:mod:`ptspeed.envs.apptainer_cells`.
 
 This module needs no torch and no Snakemake.
 """
@@ -11,10 +13,9 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,9 @@ from ptspeed.envs.containers import (
     RECIPE_FILES,
     BuildSpec,
     ImageManifest,
-    brought_digest,
-    digest_of,
-    strip_scheme,
-    without_tag,
 )
-from ptspeed.errors import ConfigError, ContainerError
+from ptspeed.envs.image_references import brought_digest, digest_of, strip_scheme, without_tag
+from ptspeed.errors import ConfigError
 
 BUILDERS = ("auto", *ENGINES, "apptainer")
 # How the main process makes the images (SifPlan.to_text), for the cluster jobs it submits
@@ -58,21 +56,6 @@ BUILD_UV_CACHE = "/var/cache/uv"
 # code newer than the driver, is not how torch runs: its wheels carry cubins for the GPUs
 # it supports, and Triton compiles its kernels to cubins with its own ptxas.
 CUDA_MINIMUM_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
-# How a cell's command starts the image's python: Apptainer passes the host's variables in, so
-# the ones that would bring the host's Python in (PYTHONHOME, a startup file, a user site) go;
-# PYTHONPATH is the cell rule's own (the suite's src/). The image's python is a venv's, which
-# ignores the user site anyway (the bound $HOME's ~/.local).
-CELL_PYTHON = "env -u PYTHONHOME -u PYTHONSTARTUP PYTHONNOUSERSITE=1"
-# Making a SIF of an engine's image writes the image's docker archive (about its size) and then
-# the SIF beside it (compressed, at most about as much again) before the archive goes.
-SIF_ROOM_PER_IMAGE_BYTE = 2
-# One conversion at a time per image directory, so that two archives never need room at once.
-SIF_LOCK = ".sif-conversion.lock"
-# What a build from the definition or a registry unpacks, where the size is not known before:
-# a CUDA/cuDNN runtime base and a torch venv (the images here are 5 to 10 GB).
-UNKNOWN_IMAGE_BYTES = 10 * 10**9
-# quota(1) counts space in blocks of 1 KiB.
-QUOTA_BLOCK_BYTES = 1024
 CUDA_IN_BASE = re.compile(r"cuda:(\d+)\.(\d+)")
 # The CUDA runtime a lock's wheels bring: nvidia-cuda-runtime-cu12==12.8.90, or (CUDA 13)
 # nvidia-cuda-runtime==13.0.96.
@@ -82,29 +65,6 @@ NO_BUILDER = (
     "install Apptainer (it builds docker/ptspeed.def with --fakeroot), or set "
     "containers.images: pull with containers.registry holding the images, pinned by digest"
 )
-
-
-# Options (and the variables Apptainer reads as those options) that break what the cells share
-# on a node: each container's own /tmp hides the GPU claims of the others (and is a 64 MiB
-# tmpfs), and a clean environment drops CUDA_VISIBLE_DEVICES and what ptspeed passes in.
-PRIVATE_TMP = "gives every cell its own /tmp (64 MiB), where the cells of a node claim their GPUs"
-CLEAN_ENVIRONMENT = (
-    "drops CUDA_VISIBLE_DEVICES (the GPUs SLURM gave the job) and what ptspeed passes to the cell"
-)
-ISOLATING_OPTIONS = {
-    "--contain": PRIVATE_TMP,
-    "-c": PRIVATE_TMP,
-    "--containall": f"{PRIVATE_TMP} and {CLEAN_ENVIRONMENT}",
-    "-C": f"{PRIVATE_TMP} and {CLEAN_ENVIRONMENT}",
-    "--cleanenv": CLEAN_ENVIRONMENT,
-    "-e": CLEAN_ENVIRONMENT,
-}
-ISOLATING_VARIABLES = {
-    f"{prefix}_{name}": f"--{name.lower()}"
-    for prefix in ("APPTAINER", "SINGULARITY")
-    for name in ("CONTAIN", "CONTAINALL", "CLEANENV")
-}
-TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 
 
 @dataclass(frozen=True)
@@ -181,7 +141,7 @@ def plan_sif(
     version: Callable[[str], str] = command_version,
 ) -> SifPlan:
     """How this machine makes the Apptainer images, in the order of preference: docker or
-    podman (``usable``: ptspeed.envs.containers.engine_usable) then Apptainer, else Apptainer
+    podman (``usable``: ptspeed.envs.engine_calls.engine_usable) then Apptainer, else Apptainer
     alone (or SingularityCE >= 4.0, ``version`` its ``--version``); raises
     :class:`ConfigError`."""
     command = apptainer_command(which) or APPTAINER_COMMANDS[0]
@@ -211,53 +171,6 @@ def plan_sif(
         if builder == "auto"
         else "containers.builder: neither apptainer nor singularity is on PATH"
     )
-
-
-def cell_apptainer_args(
-    given: str,
-    device_class: str,
-    binds: Iterable[Path],
-    environ: Mapping[str, str] = os.environ,
-) -> str:
-    """The apptainer-args of the cells: ``given`` (a profile's or the command line's) refused
-    in one line where it isolates the cells from each other, with ``--nv`` on CUDA and a bind
-    of each of ``binds`` (Snakemake binds the working directory alone, as home); raises
-    :class:`ConfigError`. Applying it twice changes nothing."""
-    arguments = shlex.split(given)
-    for argument in arguments:
-        option = argument.partition("=")[0]
-        if option in ISOLATING_OPTIONS:
-            raise ConfigError(_isolating(f"apptainer-args: {option}", ISOLATING_OPTIONS[option]))
-    for variable, option in ISOLATING_VARIABLES.items():
-        if environ.get(variable, "").lower() in TRUE_VALUES:
-            raise ConfigError(_isolating(f"{variable} (= {option})", ISOLATING_OPTIONS[option]))
-    if device_class == "cuda" and "--nv" not in arguments:
-        arguments.append("--nv")
-    bound = {arguments[i + 1] for i, a in enumerate(arguments[:-1]) if a in ("--bind", "-B")}
-    for path in binds:
-        if str(path) not in bound:
-            arguments += ["--bind", str(path)]
-            bound.add(str(path))
-    return shlex.join(arguments)
-
-
-def _isolating(what: str, why: str) -> str:
-    return (
-        f"{what} {why}: drop it (ptspeed binds the results and its sources into each cell's "
-        "container itself)"
-    )
-
-
-def outside(workdir: Path, paths: Iterable[Path]) -> list[Path]:
-    """Each of ``paths``, resolved (a link to scratch is followed), that the working directory
-    does not hold: what a cell's container must bind besides it."""
-    home = workdir.resolve()
-    found = []
-    for path in paths:
-        resolved = (workdir / path).resolve()
-        if resolved != home and home not in resolved.parents and resolved not in found:
-            found.append(resolved)
-    return found
 
 
 def saves_archive(plan: SifPlan) -> bool:
@@ -318,160 +231,6 @@ def definition_arguments(spec: BuildSpec, project: Path) -> dict[str, str]:
     return arguments
 
 
-def check_room_for_sif(env: str, directory: Path, image_bytes: int) -> None:
-    """Refuse to start a conversion that the disk of ``directory`` cannot hold: a full disk
-    midway leaves a failed multi-GB write and an engine error instead of this one line."""
-    needed = SIF_ROOM_PER_IMAGE_BYTE * image_bytes
-    free = shutil.disk_usage(directory).free
-    if free < needed:
-        raise ContainerError(
-            f"images: making {env}.sif needs about {_gigabytes(needed)} free in {directory} "
-            f"(the image's docker archive, then the SIF); {_gigabytes(free)} are free: free "
-            "space there, or set containers.image_dir to a directory on a larger disk"
-        )
-
-
-@dataclass(frozen=True)
-class BuildPlace:
-    """A directory an Apptainer build writes to besides its target, and why."""
-
-    variable: str
-    path: Path
-    role: str
-
-
-def build_places(
-    environ: Mapping[str, str] = os.environ, command: str = "apptainer"
-) -> list[BuildPlace]:
-    """Where ``command build`` unpacks the root filesystem (APPTAINER_TMPDIR, else
-    SINGULARITY_TMPDIR, else TMPDIR, else /tmp: often a small tmpfs) and keeps the layers
-    (APPTAINER_CACHEDIR/cache, else SINGULARITY_CACHEDIR/cache, else the configuration
-    directory's cache: ~/.apptainer/cache, often under a home quota). Apptainer reads both
-    names, the APPTAINER_ one first; SingularityCE's singularity reads SINGULARITY_* alone,
-    and keeps its configuration in ~/.singularity."""
-    prefixes = ("SINGULARITY",) if command == "singularity" else ("APPTAINER", "SINGULARITY")
-
-    def first(name: str) -> tuple[str, str]:
-        """(variable, value) of the first of the names that is set; (the main name, '')."""
-        names = [f"{prefix}_{name}" for prefix in prefixes]
-        return next(((n, environ[n]) for n in names if environ.get(n)), (names[0], ""))
-
-    tmp_variable, temporary = first("TMPDIR")
-    cache_variable, cache = first("CACHEDIR")
-    if not cache:
-        configuration = first("CONFIGDIR")[1] or str(Path.home() / f".{command}")
-        cache = configuration
-    return [
-        BuildPlace(tmp_variable, Path(temporary or environ.get("TMPDIR") or "/tmp"),
-                   "where it unpacks the image"),
-        BuildPlace(cache_variable, Path(cache) / "cache", "where it keeps the layers"),
-    ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Room:
-    """What a build may write on one filesystem: its free space, or what the user's quota
-    leaves where that is less; ``note`` says where the quota could not be read."""
-
-    free: int
-    quota_left: int | None = None
-    note: str = ""
-
-    @property
-    def bytes(self) -> int:
-        return self.free if self.quota_left is None else min(self.free, self.quota_left)
-
-    def describe(self) -> str:
-        if self.quota_left is not None and self.quota_left < self.free:
-            return f"{_gigabytes(self.quota_left)} left of your quota"
-        return f"{_gigabytes(self.free)} free"
-
-
-def room_at(path: Path, quota: str | None = None) -> Room:
-    """The room at ``path``: the disk's free space and, where ``quota`` (the quota command;
-    default: the one on PATH) answers for its filesystem, what the user's quota leaves."""
-    existing = _existing(path)
-    free = shutil.disk_usage(existing).free
-    command = quota or shutil.which("quota")
-    if command is None:
-        return Room(free, note=f"{existing}: no `quota` command here to read your quota")
-    mount = _mount_point(existing)
-    try:
-        done = subprocess.run(
-            [command, "--no-wrap", "--verbose", "--filesystem-list", str(mount)],
-            capture_output=True, text=True, check=False, timeout=30,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return Room(free, note=f"{existing}: `quota` did not answer ({error})")
-    return Room(free, quota_left(done.stdout))
-
-
-def quota_left(report: str) -> int | None:
-    """Bytes left under the user's block limit in ``quota --no-wrap --verbose`` output (1 KiB
-    blocks; the hard limit, else the soft one); None where no limit is set or no filesystem
-    is listed (quota prints only an error for a filesystem without quotas)."""
-    for line in report.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[1].rstrip("*").isdigit() and fields[2].isdigit():
-            used, soft, hard = int(fields[1].rstrip("*")), int(fields[2]), int(fields[3])
-            limit = hard or soft
-            return max(0, limit - used) * QUOTA_BLOCK_BYTES if limit else None
-    return None
-
-
-def _mount_point(path: Path) -> Path:
-    path = path.resolve()
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
-
-
-def check_build_space(
-    env: str,
-    image_bytes: int | None,
-    environ: Mapping[str, str] = os.environ,
-    command: str = "apptainer",
-    quota: str | None = None,
-) -> list[str]:
-    """Refuse a build that the temporary directory and layer cache of ``command`` cannot hold
-    (``image_bytes`` each; unknown: UNKNOWN_IMAGE_BYTES) on their disks or under the user's
-    quota there, in one line naming both variables; two places on one filesystem need room
-    for both. Returns a note for each filesystem whose quota could not be read."""
-    needed = image_bytes or UNKNOWN_IMAGE_BYTES
-    places = build_places(environ, command)
-    by_disk: dict[int, list[BuildPlace]] = {}
-    for place in places:
-        by_disk.setdefault(_existing(place.path).stat().st_dev, []).append(place)
-    rooms = {device: room_at(group[0].path, quota) for device, group in by_disk.items()}
-    notes = [f"{room.note}: the check counts the disk's free space only"
-             for room in rooms.values() if room.note]  # fmt: skip
-    short = [device for device, group in by_disk.items()
-             if rooms[device].bytes < needed * len(group)]  # fmt: skip
-    if not short:
-        return notes
-    described = "; ".join(
-        f"{place.variable} ({place.path}, {place.role}): {rooms[device].describe()}"
-        for device in short
-        for place in by_disk[device]
-    )
-    raise ContainerError(
-        f"images: building {env}.sif needs about {_gigabytes(needed)} in each of {command}'s "
-        f"temporary directory and layer cache; {described}: set {places[0].variable} and "
-        f"{places[1].variable} to directories on a disk with room"
-    )
-
-
-def _existing(path: Path) -> Path:
-    """``path`` or its nearest existing parent (a cache not made yet is made there)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _gigabytes(size: int) -> str:
-    return f"{size / 1e9:.1f} GB"
-
-
 def sif_digest(
     plan: SifPlan, sif: Path, manifest: ImageManifest | None = None, reference: str = ""
 ) -> str:
@@ -497,13 +256,6 @@ def brought_image_digest(reference: str, workdir: Path) -> str:
     """The digest that names an image a site brings in every record: the one its reference
     pins, or the hash of a local file's bytes."""
     return brought_digest(reference) or file_digest(workdir / Path(reference).expanduser())
-
-
-def brought_probe_launcher(binary: str, image: str, binds: Iterable[Path]) -> list[str]:
-    """``apptainer exec`` of a brought image as a cell's python starts in it (CELL_PYTHON),
-    with ``binds`` (the suite's sources) visible."""
-    bound = [option for path in binds for option in ("--bind", str(path))]
-    return [binary, "exec", *bound, image, *shlex.split(CELL_PYTHON)]
 
 
 def image_key(spec: BuildSpec, project: Path) -> str:

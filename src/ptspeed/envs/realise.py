@@ -19,25 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ptspeed.envs.apptainer import (
-    CELL_PYTHON,
-    DEFINITION,
-    SifPlan,
-    check_driver,
-    default_base_image,
-)
-from ptspeed.envs.containers import (
-    ENGINES,
-    INSTALL_SCRIPT,
-    UV_REQUIREMENTS,
-    container_settings,
-    forget_pruned_image,
-    is_local_image,
-    runs_in_image,
-    strip_scheme,
-    without_tag,
-)
+from ptspeed.envs.apptainer import DEFINITION, SifPlan, check_driver, default_base_image
+from ptspeed.envs.apptainer_cells import CELL_PYTHON
+from ptspeed.envs.container_config import container_settings, runs_in_image
+from ptspeed.envs.containers import ENGINES, INSTALL_SCRIPT, UV_REQUIREMENTS
+from ptspeed.envs.engine_calls import forget_pruned_image
 from ptspeed.envs.gpu_code import environment_record_path
+from ptspeed.envs.image_references import is_local_image, strip_scheme, without_tag
 from ptspeed.envs.venvs import venv_dir
 from ptspeed.errors import ConfigError
 
@@ -76,7 +64,7 @@ class Realisation:
         self._pythons: dict[str, str] = {}
 
     def runs_in_image(self, env: str) -> bool:
-        """Whether the cells of ``env`` run in its image (containers.runs_in_image)."""
+        """Whether the cells of ``env`` run in its image (container_config.runs_in_image)."""
         return runs_in_image(self.environments[env], self.containers, self.in_apptainer)
 
     def engine(self, env: str) -> str | None:
@@ -98,7 +86,7 @@ class Realisation:
             return ""
         reference = str(spec["image"])
         if reference.startswith("docker://"):
-            # Apptainer 1.3 refuses a tag beside the digest (containers.without_tag).
+            # Apptainer 1.3 refuses a tag beside the digest (image_references.without_tag).
             return f"docker://{without_tag(strip_scheme(reference))[0]}"
         if not is_local_image(reference):
             return reference
@@ -163,7 +151,7 @@ class Realisation:
 
     def apptainer_python(self, env: str) -> str:
         """The image's python as the cell's command inside the container starts it: blind to
-        the host's Python packages (apptainer.CELL_PYTHON), with the digest for the record."""
+        the host's Python packages (apptainer_cells.CELL_PYTHON), with the digest for the record."""
         digest_file = self.brought_digest(env) if self.brought(env) else self.sif_digest(env)
         digest = shlex.quote(digest_file)
         return f'{CELL_PYTHON} PTSPEED_CONTAINER_DIGEST="$(cat {digest})" python'

@@ -5,7 +5,7 @@ sentence that names the biggest changes from baseline to candidate with links to
 (:func:`version_blocks`).
 
 The times are the profiled steps' (:mod:`ptspeed.analysis.breakdown`; the kinds:
-:data:`ptspeed.cell.measurement.breakdown.KIND_HELP`). Traces are linked relative to the report
+:data:`ptspeed.cell.measurement.work_kinds.KIND_HELP`). Traces are linked relative to the report
 (``results/report/`` → ``../traces/…``), and open in Perfetto or TensorBoard.
 """
 
@@ -23,7 +23,8 @@ import seaborn as sns
 from ptspeed.analysis import breakdown
 from ptspeed.analysis.columns import SIDES
 from ptspeed.analysis.versions import torch_versions, version_key
-from ptspeed.cell.measurement.breakdown import KIND_HELP, KINDS, SUM_TOLERANCE
+from ptspeed.cell.measurement.breakdown import SUM_TOLERANCE
+from ptspeed.cell.measurement.work_kinds import KIND_HELP, KINDS
 from ptspeed.render.figures import DPI, FONT, WIDTH_IN, Chart
 from ptspeed.render.formatting import format_text, is_blank
 from ptspeed.render.page import Block, ReportInputs

@@ -13,17 +13,9 @@ from typing import Any
 
 import pandas as pd
 
+from ptspeed.analysis.change_verdict import FASTER, NOT_COMPARABLE, SAME, SLOWER, Rule
 from ptspeed.analysis.columns import unused_sizes
-from ptspeed.analysis.compare import (
-    FASTER,
-    MACHINE_CHANGE,
-    NOT_COMPARABLE,
-    SAME,
-    SLOWER,
-    Machine,
-    MachineKey,
-    Rule,
-)
+from ptspeed.analysis.machine_change import MACHINE_CHANGE, Machine, MachineKey
 from ptspeed.plan.layout import PLACE_PATTERN, SIZE_KEYS, platform_directory, size_label
 from ptspeed.render.formatting import (
     format_int,

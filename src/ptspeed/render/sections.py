@@ -16,9 +16,12 @@ from typing import Any
 
 import pandas as pd
 
+from ptspeed.analysis.change_verdict import AA_SPREAD, Rule
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
-from ptspeed.analysis.compare import AA_SPREAD, Rule, compare_runs, defaults_of, machine_changes
+from ptspeed.analysis.compare import compare_runs
+from ptspeed.analysis.compare_inputs import defaults_of
 from ptspeed.analysis.conditions import settings
+from ptspeed.analysis.machine_change import machine_changes
 from ptspeed.analysis.nodes import comparison_nodes
 from ptspeed.analysis.reruns import stopped_sentence
 from ptspeed.analysis.suites import suite_figures, suite_members

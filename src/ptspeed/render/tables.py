@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ptspeed.analysis.columns import COMPILER_COUNTS
-from ptspeed.analysis.conditions import other_cpu_share
+from ptspeed.analysis.trial_readings import other_cpu_share
 from ptspeed.analysis.versions import VersionTable
 from ptspeed.render.formatting import (
     BLANK,

@@ -2,13 +2,14 @@
 
 :func:`begin` samples the node just before the measured window and :meth:`Window.end` just
 after it (never inside: the timed loop runs nothing of this), and the two samples make a
-:class:`~ptspeed.cell.record.Conditions`: the CPU time other processes took on the cell's CPUs
-(``/proc/stat``'s non-idle time of those CPUs minus the cell's own CPU time, below), the load
-average, the CPU frequency governor and clock range (``cpufreq``; absent in most VMs and
-containers: null), whether the cell was pinned, and on CUDA the GPU's clocks, temperature,
-power, throttle reasons and other processes on it (sampled through the window by
-:mod:`ptspeed.cell.measurement.telemetry`'s NVML thread, else ``nvidia-smi`` at its two ends), and
-the window's energy. Whether that makes the trial perturbed is judged on the host
+:class:`~ptspeed.cell.record_window.Conditions`: the CPU time other processes took on the
+cell's CPUs (``/proc/stat``'s non-idle time of those CPUs minus the cell's own CPU time,
+below), the load average, the CPU frequency governor and clock range (``cpufreq``; absent in
+most VMs and containers: null), whether the cell was pinned, and on CUDA the GPU's clocks,
+temperature, power, throttle reasons and other processes on it
+(:mod:`ptspeed.cell.measurement.gpu_state`: sampled through the window by
+:mod:`ptspeed.cell.measurement.telemetry`'s NVML thread, else ``nvidia-smi`` at its two ends),
+and the window's energy. Whether that makes the trial perturbed is judged on the host
 (:mod:`ptspeed.analysis.conditions`), so a changed threshold re-judges old records.
 
 The cell's own processes are those of its session: the watchdog starts each worker in a
@@ -29,17 +30,14 @@ says so in ``not_readable``.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptspeed.cell.measurement import telemetry
-from ptspeed.cell.provenance import smi_id
-from ptspeed.cell.record import Conditions
+from ptspeed.cell.measurement import gpu_state, telemetry
+from ptspeed.cell.record_window import Conditions
 
 PROC = Path("/proc")
 CPUFREQ = "/sys/devices/system/cpu/cpu{}/cpufreq/{}"
@@ -56,24 +54,6 @@ _PARENT_FIELD, _SESSION_FIELD, _TIMES_FIELDS, _START_TIME_FIELD = 1, 3, slice(11
 # both ends of the window: the own CPU time is trusted up to this many ticks past its bounds
 # per CPU and per process that ran.
 _ROUNDING_TICKS = 2
-# nvidia-smi's throttle-reason fields: named clocks_event_reasons.* by newer drivers,
-# clocks_throttle_reasons.* by older ones; a field the driver does not know fails the query.
-SMI_REASON_FAMILIES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
-SMI_REASONS = tuple(n for n in telemetry.THROTTLE_REASONS.values() if n != "display_clock_setting")
-SMI_FIELDS = ("clocks.sm", "clocks.max.sm", "temperature.gpu", "power.draw", "power.limit")
-SMI_TIMEOUT_S = 10
-
-
-@dataclass
-class _GpuSample:
-    sm_clock_mhz: float | None = None
-    max_sm_clock_mhz: float | None = None
-    temperature_c: float | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    throttle_reasons: list[str] = field(default_factory=list)
-    process_ids: list[int] | None = None
-    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,7 +76,7 @@ class _Sample:
     processes: dict[int, _Process] | None
     load_average: float | None
     cpu_mhz: list[float]
-    gpu: _GpuSample | None
+    gpu: gpu_state.GpuSample | None
 
 
 @dataclass
@@ -134,7 +114,7 @@ class Window:
         gpu = self.sampler.stop() if self.sampler is not None else None
         conditions = _compare(self, stop)
         if gpu is not None:
-            _note_telemetry(conditions, gpu)
+            gpu_state.note_telemetry(conditions, gpu)
         _note_energy(conditions, gpu, *(self.rapl_edges[:2] or [None, None]))
         conditions.sampling_s = self.cost_s + time.perf_counter() - begun
         return conditions
@@ -148,7 +128,7 @@ def begin(device: Any) -> Window:
     cpus = sorted(os.sched_getaffinity(0))
     gpu_index = device.index if getattr(device, "type", "") == "cuda" else None
     unavailable: dict[str, None] = {}
-    sampler = _gpu_sampler(gpu_index, unavailable) if gpu_index is not None else None
+    sampler = gpu_state.gpu_sampler(gpu_index, unavailable) if gpu_index is not None else None
     snapshot_gpu = gpu_index if sampler is None else None
     start = _sample(cpus, snapshot_gpu, unavailable, start=True)
     session = os.getsid(0)
@@ -159,13 +139,13 @@ def begin(device: Any) -> Window:
 def _sample(cpus: list[int], gpu: int | None, unavailable: dict[str, None], start: bool) -> _Sample:
     """One sample. At the start the node's counters are read last, at the end first, so that
     the sampling itself stays outside the window they bracket."""
-    gpu_sample = _gpu_sample(gpu, unavailable) if gpu is not None and start else None
+    gpu_sample = gpu_state.gpu_sample(gpu, unavailable) if gpu is not None and start else None
     processes = _processes(unavailable) if start else None
     busy, steal = _cpu_ticks(cpus, unavailable)
     monotonic_s, unix_s = time.monotonic(), time.time()
     if not start:
         processes = _processes(unavailable)
-        gpu_sample = _gpu_sample(gpu, unavailable) if gpu is not None else None
+        gpu_sample = gpu_state.gpu_sample(gpu, unavailable) if gpu is not None else None
     return _Sample(
         monotonic_s=monotonic_s,
         unix_s=unix_s,
@@ -203,7 +183,7 @@ def _compare(window: Window, stop: _Sample) -> Conditions:
         cpu_mhz_max=max([*start.cpu_mhz, *stop.cpu_mhz], default=None),
         cpu_mhz_limit=max(limits, default=None),
     )
-    _note_gpu(conditions, start.gpu, stop.gpu)
+    gpu_state.note_gpu(conditions, start.gpu, stop.gpu)
     counters = len(window.cpus) + sum(1 for ticks in own_ticks or [] if ticks)
     doubt = _distrust_impossible_own(conditions, _ROUNDING_TICKS * counters * tick_s)
     conditions.not_readable = "; ".join([*window.unavailable, *([doubt] if doubt else [])])
@@ -362,54 +342,6 @@ def _governors(cpus: list[int]) -> str | None:
     return ", ".join(names) if names else None
 
 
-# --- the GPU ---------------------------------------------------------------------------------
-
-
-def _gpu_sampler(index: int, unavailable: dict[str, None]) -> telemetry.GpuSampler | None:
-    """A started sampler of torch's GPU ``index``; None, saying why, where NVML cannot open."""
-    try:
-        sampler = telemetry.GpuSampler(telemetry.Nvml.open(smi_id(index)))
-    except telemetry.NvmlError as error:
-        unavailable[f"NVML ({error}): GPU state from nvidia-smi at the window's ends"] = None
-        return None
-    sampler.start()
-    return sampler
-
-
-def _gpu_sample(index: int, unavailable: dict[str, None]) -> _GpuSample:
-    sample = _smi_sample(index, unavailable)
-    if sample is None:
-        unavailable["GPU state (no NVML, no nvidia-smi)"] = None
-        return _GpuSample()
-    return sample
-
-
-def _note_telemetry(conditions: Conditions, gpu: telemetry.GpuTelemetry) -> None:
-    """The GPU over the window's samples: clocks, power, temperature, every throttle reason
-    seen in any sample, the most other processes; what could not be read, named."""
-    conditions.gpu_source = "nvml"
-    conditions.gpu_samples = gpu.samples
-    conditions.gpu_sm_mhz_min = min(gpu.sm_clock_mhz, default=None)
-    conditions.gpu_sm_mhz_median = gpu.median_sm_clock_mhz()
-    conditions.gpu_sm_mhz_max = max(gpu.sm_clock_mhz, default=None)
-    conditions.gpu_sm_mhz_limit = gpu.max_sm_clock_mhz
-    conditions.gpu_temperature_c_max = gpu.temperature_c_max
-    conditions.gpu_power_w_max = gpu.max_power_w()
-    conditions.gpu_power_w_mean = gpu.mean_power_w()
-    conditions.gpu_power_limit_w = gpu.power_limit_w
-    conditions.gpu_throttle_reasons = ", ".join(gpu.throttle_reasons)
-    conditions.gpu_other_processes = _other_processes(gpu.process_ids)
-    conditions.sampler_cpu_s = gpu.sampler_cpu_s
-    unreadable = [f"GPU {what} ({why})" for what, why in gpu.unreadable.items()]
-    if gpu.power_w and conditions.gpu_power_w_max is None:
-        unreadable.append(
-            f"GPU power (a {gpu.window_s or 0:.3g} s window is shorter than NVML's "
-            f"{telemetry.NVML_POWER_AVERAGE_S:g} s power average: no maximum, mean power from "
-            "the window's energy alone)"
-        )
-    conditions.not_readable = "; ".join(filter(None, [conditions.not_readable, *unreadable]))
-
-
 def _note_energy(
     conditions: Conditions,
     gpu: telemetry.GpuTelemetry | None,
@@ -430,96 +362,3 @@ def _note_energy(
             conditions.energy_j, conditions.energy_source = joules, "rapl"
     else:
         conditions.energy_not_measured = "no NVML on this GPU (nvidia-smi reads no energy)"
-
-
-def _smi(gpu: str, *query: str) -> list[str] | None:
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", f"--id={gpu}", *query, "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=SMI_TIMEOUT_S,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
-
-
-def _smi_sample(index: int, unavailable: dict[str, None]) -> _GpuSample | None:
-    """The GPU at one moment through nvidia-smi (no NVML): its throttle reasons under
-    whichever name the driver knows, or none, saying so."""
-    gpu = smi_id(index)
-    for family in SMI_REASON_FAMILIES:
-        fields = [*SMI_FIELDS, *(family + reason for reason in SMI_REASONS)]
-        lines = _smi(gpu, f"--query-gpu={','.join(fields)}")
-        if lines:
-            break
-    else:
-        lines = _smi(gpu, f"--query-gpu={','.join(SMI_FIELDS)}")
-        if lines:
-            unavailable["GPU throttle reasons (nvidia-smi knows neither query)"] = None
-    if not lines:
-        return None
-    values = [value.strip() for value in lines[0].split(",")]
-    numbers = [_number(value) for value in values[: len(SMI_FIELDS)]]
-    reasons = values[len(SMI_FIELDS) :]
-    states = zip(SMI_REASONS, reasons, strict=False)
-    active = [name for name, value in states if value.lower() == "active"]
-    apps = _smi(gpu, "--query-compute-apps=pid")
-    return _GpuSample(
-        *numbers,
-        throttle_reasons=active,
-        process_ids=[int(p) for p in apps if p.isdigit()] if apps is not None else None,
-        source="nvidia-smi",
-    )
-
-
-def _number(text: str) -> float | None:
-    with contextlib.suppress(ValueError):
-        return float(text)
-    return None
-
-
-def _note_gpu(conditions: Conditions, start: _GpuSample | None, stop: _GpuSample | None) -> None:
-    samples = [s for s in (start, stop) if s is not None and s.source]
-    if not samples:
-        return
-    clocks = [s.sm_clock_mhz for s in samples if s.sm_clock_mhz is not None]
-    conditions.gpu_source = samples[0].source
-    conditions.gpu_sm_mhz_min = min(clocks, default=None)
-    conditions.gpu_sm_mhz_max = max(clocks, default=None)
-    conditions.gpu_sm_mhz_limit = _largest(s.max_sm_clock_mhz for s in samples)
-    conditions.gpu_temperature_c_max = _largest(s.temperature_c for s in samples)
-    conditions.gpu_power_w_max = _largest(s.power_w for s in samples)
-    conditions.gpu_power_limit_w = _largest(s.power_limit_w for s in samples)
-    reasons = dict.fromkeys(r for s in samples for r in s.throttle_reasons)
-    conditions.gpu_throttle_reasons = ", ".join(reasons)
-    listed = [s.process_ids for s in samples if s.process_ids is not None]
-    conditions.gpu_other_processes = _other_processes(listed)
-
-
-def _largest(values: Any) -> float | None:
-    present = [v for v in values if v is not None]
-    return max(present) if present else None
-
-
-def _other_processes(listed: list[list[int]]) -> int | None:
-    """The most processes on the GPU at a sample (``listed``: each sample's pids) that are not
-    this cell's (its session's); where the cell itself is not among them (a PID namespace: a
-    container), all but one."""
-    if not listed:
-        return None
-    session = os.getsid(0)
-    counts = []
-    for pids in listed:
-        ours = [pid for pid in pids if _session_of(pid) == session]
-        counts.append(len(pids) - len(ours) if ours else max(0, len(pids) - 1))
-    return max(counts)
-
-
-def _session_of(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None

@@ -31,8 +31,8 @@ The work is fixed; what runs it is not: a probe times the BLAS and copy loops of
 runs it (on an AMD EPYC VM, torch 1.13's GEMM took 3.7 times torch 2.0's, issue 36), so
 :func:`note` writes the build (torch version, BLAS) beside the work in ``probe_work``, and
 probes are only ever compared with probes of the same environment and build
-(:func:`ptspeed.analysis.conditions.probe_group`). The spread of a run's like probes says what
-the machine did from trial to trial (:mod:`ptspeed.analysis.conditions` judges a trial whose
+(:func:`ptspeed.analysis.trial_readings.probe_group`). The spread of a run's like probes says
+what the machine did from trial to trial (:mod:`ptspeed.analysis.conditions` judges a trial whose
 probe is far from its like probes' median perturbed), and their shift between two runs what the
 machine did between them (:mod:`ptspeed.analysis.compare`). See
 :data:`ptspeed.analysis.conditions.PROBE_SPREAD` for what the probe measured on a quiet
@@ -68,7 +68,7 @@ from ptspeed.cell.measurement.probe_work import (
     WORK,
 )
 from ptspeed.cell.provenance import smi_id
-from ptspeed.cell.record import Conditions
+from ptspeed.cell.record_window import Conditions
 
 
 @dataclass(frozen=True)

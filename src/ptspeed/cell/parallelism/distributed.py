@@ -29,7 +29,8 @@ import torch.distributed as dist
 from ptspeed.cell.harness import SingleProcess, resolve_device
 from ptspeed.cell.measurement.reference import host_copy
 from ptspeed.cell.measurement.telemetry import throttle_bits, throttle_names
-from ptspeed.cell.record import CellSpec, Conditions, Metrics
+from ptspeed.cell.record import CellSpec
+from ptspeed.cell.record_window import Conditions, Metrics
 from ptspeed.cell.variants.knobs import Knobs, parse_knobs, threads_per_process
 from ptspeed.errors import Unsupported
 

@@ -44,7 +44,8 @@ import torch.distributed as dist
 from ptspeed.cell.measurement.reference import host_copy
 from ptspeed.cell.parallelism.distributed import Rank
 from ptspeed.cell.parallelism.microbatch import split, step_seed, weights
-from ptspeed.cell.record import CellSpec, Metrics
+from ptspeed.cell.record import CellSpec
+from ptspeed.cell.record_window import Metrics
 from ptspeed.cell.steps import LEARNING_RATE, MOMENTUM, Step, _autocast_factory
 from ptspeed.cell.variants.knobs import Knobs
 from ptspeed.errors import Unsupported
