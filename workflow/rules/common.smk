@@ -144,7 +144,12 @@ CELLS = list(cells(config, DEVICE_CLASS, PLATFORM_PLAN.cannot_run))
 if workflow.is_main_process:
     for reason in PLATFORM_PLAN.cannot_run.values():
         print(f"ptspeed: not planned: {reason}", file=sys.stderr)
-HOST_PYTHON = shlex.quote(sys.executable)
+# The rules' scripts (workflow/scripts/) import this checkout's sources, as this workflow does,
+# whether or not the Python running Snakemake has the project installed.
+HOST_PYTHON = (
+    f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))}"
+    '"${PYTHONPATH:+:$PYTHONPATH}" ' + shlex.quote(sys.executable)
+)
 
 
 def gpu_limit():
