@@ -146,10 +146,8 @@ if workflow.is_main_process:
         print(f"ptspeed: not planned: {reason}", file=sys.stderr)
 # The rules' scripts (workflow/scripts/) import this checkout's sources, as this workflow does,
 # whether or not the Python running Snakemake has the project installed.
-HOST_PYTHON = (
-    f"PYTHONPATH={shlex.quote(str(Path(workflow.basedir) / 'src'))}"
-    '"${PYTHONPATH:+:$PYTHONPATH}" ' + shlex.quote(sys.executable)
-)
+SCRIPT_SOURCES = shlex.quote(str(Path(workflow.basedir) / "src"))
+HOST_PYTHON = f'PYTHONPATH={SCRIPT_SOURCES}"${{PYTHONPATH:+:$PYTHONPATH}}" {shlex.quote(sys.executable)}'
 
 
 def gpu_limit():
