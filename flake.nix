@@ -47,7 +47,7 @@
             pkgs.hadolint
             pkgs.shellcheck
             pkgs.uv
-            # torch 1.13 and 2.0 need Python 3.10 for their venvs (scripts/build_env.py).
+            # torch 1.13 and 2.0 need Python 3.10 for their venvs (workflow/scripts/build_env.py).
             pkgs.python310
           ];
           shellHook = ''

@@ -6,7 +6,7 @@
 #                                                  it and writes its torch's GPU code (GPU_CODE)
 # A CA bundle at /run/secrets/ca_bundle (a build secret) is trusted by apt, pip and uv. The
 # site's package index (PIP_INDEX_URL, UV_INDEX_URL, ...: NAME='value' lines in the build secret
-# /run/secrets/package_index, which scripts/image.py writes) is used by pip and uv, and is
+# /run/secrets/package_index, which workflow/scripts/image.py writes) is used by pip and uv, and is
 # written into no file of the image: a mirror's URL may carry a token.
 set -euo pipefail
 
@@ -19,7 +19,7 @@ UV_REQUIREMENTS=/opt/ptspeed/uv.txt
 GPU_CODE=/opt/ptspeed/gpu-code.json
 # uv's cache: a build cache mount in docker/Dockerfile, or the host's own uv cache (`uv cache
 # dir`) mounted by podman build or apptainer build, so that a wheel the host's environments
-# already downloaded is not downloaded again (scripts/image.py sets UV_CACHE_DIR).
+# already downloaded is not downloaded again (workflow/scripts/image.py sets UV_CACHE_DIR).
 export UV_CACHE_DIR=${UV_CACHE_DIR:-/var/cache/uv}
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 

@@ -2,10 +2,11 @@
 
     python scripts/bench_envbuild.py [--env torch-1.13] [--python 3.10] [--keep]
 
-Builds ``envs/<env>.txt`` three times into a temporary directory, as ``scripts/build_env.py``
-would: with pip (downloading what pip's own cache lacks), with uv and an empty uv cache of its
-own (every wheel downloaded once), and with uv again on that warm cache (a second lock, or an
-image build sharing the cache: nothing downloaded, files hard-linked). Prints each wall time,
+Builds ``envs/<env>.txt`` three times into a temporary directory, as
+``workflow/scripts/build_env.py`` would: with pip (downloading what pip's own cache lacks),
+with uv and an empty uv cache of its own (every wheel downloaded once), and with uv again on
+that warm cache (a second lock, or an image build sharing the cache: nothing downloaded,
+files hard-linked). Prints each wall time,
 the disk each venv takes beyond what it shares, and the ratios pip / uv. The venvs and the
 temporary cache are removed at the end unless ``--keep``.
 """
@@ -20,12 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from _checkout import ROOT
 
+from ptspeed.entrypoint import one_line_errors
 from ptspeed.envs.venvs import build_venv
 from ptspeed.errors import EnvBuildError
 
-ROOT = Path(__file__).resolve().parents[1]
 BYTES_PER_GIB = 1024**3
 
 
@@ -60,12 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ptspeed-envbench-"))
     os.environ["UV_CACHE_DIR"] = str(work / "uv-cache")
     try:
-        pip_s = timed_build("pip", args.env, args.python, work / "pip", "pip")
-        cold_s = timed_build("uv, empty cache", args.env, args.python, work / "uv-cold", "uv")
-        warm_s = timed_build("uv, warm cache", args.env, args.python, work / "uv-warm", "uv")
-    except EnvBuildError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        with one_line_errors(EnvBuildError):
+            pip_s = timed_build("pip", args.env, args.python, work / "pip", "pip")
+            cold_s = timed_build("uv, empty cache", args.env, args.python, work / "uv-cold", "uv")
+            warm_s = timed_build("uv, warm cache", args.env, args.python, work / "uv-warm", "uv")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

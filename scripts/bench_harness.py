@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _checkout import ROOT
+
 # Measured windows of a few seconds each: shorter ones are dominated by this machine's noise.
 CASES = {
     "mlp": {"batch_size": 100, "image_size": 224, "steps": 300},
@@ -81,7 +82,6 @@ def suite_arguments(
     model: str, case: dict[str, int], warmup: int, steps: int, profile_steps: int = 0
 ) -> list[str]:
     # Imported here, not at the top: the bare loop's process imports nothing from ptspeed.
-    sys.path.insert(0, str(ROOT / "src"))
     from ptspeed.cell.arguments import to_arguments
     from ptspeed.cell.record import CellSpec
 
@@ -117,7 +117,6 @@ def run_suite(
 def _interval(bare: list[float], suite: list[float]) -> str:
     """suite / bare as the tables compare two cells (ptspeed.analysis.ranks.speedup): the
     Hodges-Lehmann ratio with its exact interval, so that a 2 % cost shows above the noise."""
-    sys.path.insert(0, str(ROOT / "src"))
     from ptspeed.analysis.ranks import speedup
 
     ratio = speedup(bare, suite, 0.95)

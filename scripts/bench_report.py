@@ -5,8 +5,8 @@
 Writes realistic synthetic cell records (as the workflow lays them out: several environments,
 models, variants, modes, sizes and trials; unsupported compile cells on torch 1.13, a few
 failed, oom, timeout and numerics-mismatch cells, some corrupt and some missing record files)
-into a temporary directory, then times each stage of what ``scripts/aggregate.py`` and
-``scripts/render_report.py`` do (imports included) and prints the stages and the total.
+into a temporary directory, then times each stage of what ``workflow/scripts/aggregate.py`` and
+``workflow/scripts/render_report.py`` do (imports included) and prints the stages and the total.
 ``--check`` exits 1 when the total misses the goal.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import _checkout  # noqa: F401  (the checkout's src/ on the import path)
 
 from ptspeed.plan.layout import DEFAULT_SIZES, Cell, size_label
 

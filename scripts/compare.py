@@ -28,10 +28,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
+import _checkout  # noqa: F401  (the checkout's src/ on the import path)
 import pandas as pd
 
 from ptspeed.analysis.change_verdict import AA_SPREAD, SAME, Rule
@@ -40,6 +38,7 @@ from ptspeed.analysis.compare import compare_runs, cross_check_speedups, regress
 from ptspeed.analysis.compare_inputs import read_runs, run_defaults, speedups_beside
 from ptspeed.analysis.machine_change import machine_changes
 from ptspeed.cell.files import write_atomic
+from ptspeed.entrypoint import OneLineParser, one_line_errors
 from ptspeed.render.comparison import (
     CROSS_CHECK_HEADERS,
     DISPLAY_HEADERS,
@@ -54,19 +53,11 @@ from ptspeed.render.comparison import (
 )
 
 EXIT_SLOWER = 1
-EXIT_BAD_INPUT = 2
 OUT_SUFFIXES = (".csv", ".md")
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as bad input: one ``error:`` line, exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"error: {message}\n")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("old", help="the reference result set (runs.csv or a results directory)")
     parser.add_argument("new", help="the result set to judge")
     parser.add_argument(
@@ -132,7 +123,7 @@ def print_cross_check(old: str, new: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+    with one_line_errors(unexpected=True):
         unknown = [out for out in args.out if Path(out).suffix not in OUT_SUFFIXES]
         if unknown:
             raise ValueError(f"--out {unknown[0]}: write .csv or .md")
@@ -152,12 +143,6 @@ def main(argv: list[str] | None = None) -> int:
         print(verdict_line(compared))
         print_cross_check(args.old, args.new)
         write_outputs(compared, display_rows(compared), rule, args.out)
-    except (OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as error:  # a bug, but still one line for the user, never a traceback
-        print(f"error: unexpected {type(error).__name__}: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     slower = regressions(compared)
     if len(slower):
         print(f"{len(slower)} cell(s) significantly slower by more than {threshold:.0%}")

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from _checkout import ROOT
 
-from ptspeed.plan.reference import reference, undescribed_keys  # noqa: E402
-from ptspeed.render.method import method_rules  # noqa: E402
+from ptspeed.plan.reference import reference, undescribed_keys
+from ptspeed.render.method import method_rules
 
 PAGES = {
     ROOT / "docs" / "configuration.md": reference,

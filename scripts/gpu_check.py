@@ -33,20 +33,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
+from _checkout import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from ptspeed.cell import hostenv  # noqa: E402
-from ptspeed.cell.arguments import to_arguments  # noqa: E402
-from ptspeed.cell.measurement.telemetry import NVML_ENERGY_MIN_WINDOW_S  # noqa: E402
-from ptspeed.cell.record import CellSpec, Record, read_record  # noqa: E402
-from ptspeed.cell.variants.knobs import parse_knobs, unsupported_for_model  # noqa: E402
-from ptspeed.envs.venvs import venv_dir, venv_python  # noqa: E402
-from ptspeed.launch.gpus import node_pool  # noqa: E402
-from ptspeed.launch.watchdog import end_process_group  # noqa: E402
-from ptspeed.models import get_model  # noqa: E402
-from ptspeed.plan.schema import default_of  # noqa: E402
+from ptspeed.cell import hostenv
+from ptspeed.cell.arguments import to_arguments
+from ptspeed.cell.measurement.telemetry import NVML_ENERGY_MIN_WINDOW_S
+from ptspeed.cell.record import CellSpec, Record, read_record
+from ptspeed.cell.variants.knobs import parse_knobs, unsupported_for_model
+from ptspeed.envs.venvs import venv_dir, venv_python
+from ptspeed.launch.gpus import node_pool
+from ptspeed.launch.watchdog import end_process_group
+from ptspeed.models import get_model
+from ptspeed.plan.schema import default_of
 
 CONFIG = ROOT / "config" / "config.yaml"
 MISMATCH = "numerics_mismatch"

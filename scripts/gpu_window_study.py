@@ -15,17 +15,15 @@ Prints a summary and writes it as JSON; needs torch with CUDA and the NVIDIA dri
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import _checkout  # noqa: F401  (the checkout's src/ on the import path)
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-import itertools
 
 from ptspeed.cell.measurement import probe, telemetry
 from ptspeed.cell.provenance import smi_id

@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import _checkout  # noqa: F401  (the checkout's src/ on the import path)
 
 from ptspeed.cell.harness import run_cell
 from ptspeed.cell.record import CellSpec

@@ -24,9 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 import pandas as pd
+from _checkout import ROOT
 
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.conditions import (
@@ -39,7 +38,6 @@ from ptspeed.analysis.conditions import (
 )
 from ptspeed.analysis.trial_readings import other_cpu_share, probe_ends, probe_group, steal_share
 
-ROOT = Path(__file__).resolve().parents[1]
 # mlp at batch 32: about a second of measured window on a 2-core VM, as long as a short cell.
 MODEL = ["--model", "mlp", "--batch-size", "32", "--warmup-steps", "3", "--numerics-steps", "0"]
 SIZE = "b32"

@@ -1,5 +1,6 @@
 """Helpers shared by the test modules: the paths of the checkout, runners of Snakemake, of the
-``ptspeed`` command and of scripts/aggregate.py, and a fixture set of records.
+``ptspeed`` command and of workflow/scripts/aggregate.py, a loader of scripts by their path,
+and a fixture set of records.
 
 Test modules import from here, never from each other.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
 import json
 import math
 import os
@@ -21,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pandas as pd
@@ -49,8 +52,25 @@ from ptspeed.render.tables import SEED_TABLE, headers
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
+WORKFLOW_SCRIPTS = ROOT / "workflow" / "scripts"  # the rules' entry points
+TOOLS = ROOT / "scripts"  # the developer tools and user commands
 # make test-fast sets it to "fast" (see tests/conftest.py).
 TIER_VARIABLE = "PTSPEED_TEST_TIER"
+
+
+def load_script(path: Path) -> ModuleType:
+    """The script at ``path`` as a module (its ``main`` and its functions), imported as ``python
+    PATH`` runs it: with its own directory on the import path (where a tool finds _checkout)."""
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_script", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass of the script looks its module up
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
 
 
 def fast_tier() -> bool:
@@ -368,7 +388,7 @@ def write_fixture_records(directory: Path) -> list[Path]:
 
 def run_aggregate_script(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "aggregate.py"), *args],
+        [sys.executable, str(WORKFLOW_SCRIPTS / "aggregate.py"), *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -384,7 +404,7 @@ def write_inputs(directory: Path) -> tuple[Path, Path]:
 
 
 def aggregate_cli(tmp_path: Path, record_paths: list[Path]) -> Path:
-    """Run scripts/aggregate.py on the fixture (records passed through --records-from)."""
+    """Run workflow/scripts/aggregate.py on the fixture (records passed through --records-from)."""
     config, claims = write_inputs(tmp_path)
     listing = tmp_path / "records.txt"
     listing.write_text("\n".join(str(p) for p in record_paths) + "\n", encoding="utf-8")

@@ -5,7 +5,7 @@ layout) cover every status aggregation tells apart: ok trials, a failed and an u
 one, a stale record (its path names batch 8, it holds 16), a listed path with no file, a file
 that is not JSON, and a trial whose late loss strays from its eager cell (numerics_mismatch);
 two environments, three models, a comparison with a published claim (with a model the matrix
-does not run) and one without. scripts/aggregate.py reads them as the workflow's aggregate
+does not run) and one without. workflow/scripts/aggregate.py reads them as the workflow's aggregate
 rule does, and its four CSVs must equal the expected ones beside the records: every column
 is deterministic (no resampling), so the comparison is exact.
 
@@ -133,7 +133,8 @@ def write_golden_records() -> None:
 
 
 def aggregate(out_dir: Path) -> None:
-    """scripts/aggregate.py on the golden inputs, as the workflow's aggregate rule runs it."""
+    """workflow/scripts/aggregate.py on the golden inputs, as the workflow's aggregate rule runs
+    it."""
     result = run_aggregate_script(
         "--config", str(GOLDEN / "config.yaml"), "--claims", str(GOLDEN / "claims.yaml"),
         "--records-from", str(GOLDEN / "records.txt"), "--out-dir", str(out_dir),

@@ -723,8 +723,8 @@ def test_a_shared_image_dir_serves_a_second_checkout_without_building(tmp_path: 
     bare = {**os.environ, "PATH": bare_path(tmp_path / "bin")}
 
     def image_py(*args: str) -> None:
-        done = subprocess.run([sys.executable, "scripts/image.py", *args, *recipe], cwd=ROOT,
-                              env=bare, capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run([sys.executable, "workflow/scripts/image.py", *args, *recipe],
+                              cwd=ROOT, env=bare, capture_output=True, text=True)  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
 
     image_py("build", "--env", "torch-2.0", "--engine", "podman", "--tag", "t",
@@ -815,10 +815,10 @@ def need_debian_base() -> None:
 def make_sif_of_debian_base(
     tmp_path: Path, images: Path, path: str
 ) -> subprocess.CompletedProcess[str]:
-    """scripts/image.py sif of the debian base into ``images``, with ``path`` as PATH."""
+    """workflow/scripts/image.py sif of the debian base into ``images``, with ``path`` as PATH."""
     manifest = inspect_image("podman", "torch-2.0", DEBIAN_BASE, "build")
     manifest.write(tmp_path / "torch-2.0.json")
-    command = [sys.executable, "scripts/image.py", "sif", "--env", "torch-2.0", "--source",
+    command = [sys.executable, "workflow/scripts/image.py", "sif", "--env", "torch-2.0", "--source",
                "image", "--engine", "podman", "--manifest", str(tmp_path / "torch-2.0.json"),
                "--requirements", "envs/torch-2.0.txt", "--python", "3.10",
                "--sif", str(images / "torch-2.0.sif"),
@@ -889,15 +889,15 @@ def test_emulator_builds_a_definition_file_and_runs_it(tmp_path: Path) -> None:
 
 @pytest.mark.container
 def test_an_image_without_torch_is_named_in_one_line_when_brought(tmp_path: Path) -> None:
-    """scripts/brought_image.py runs the image's own python (the CI's Python 3.10 base, which
-    has no torch): the line names the environment, the image and what its python said."""
+    """workflow/scripts/brought_image.py runs the image's own python (the CI's Python 3.10 base,
+    which has no torch): the line names the environment, the image and what its python said."""
     need_debian_base()
     sif = tmp_path / "site.sif"
     build = [str(EMULATOR), "build", str(sif), f"docker-daemon:{CI_BASE_IMAGE}"]
     subprocess.run(build, capture_output=True, check=True)
     record, digest = tmp_path / "site.json", tmp_path / "site.digest"
     done = subprocess.run(
-        [sys.executable, "scripts/brought_image.py", "--env", "site", "--image", str(sif),
+        [sys.executable, "workflow/scripts/brought_image.py", "--env", "site", "--image", str(sif),
          "--record", str(record), "--digest", str(digest)],
         cwd=ROOT, env=with_emulator(), capture_output=True, text=True, check=False,
     )  # fmt: skip

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import write_fixture_records
+from helpers import TOOLS, load_script, write_fixture_records
 
 from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.aggregate import load_tables
@@ -31,19 +29,10 @@ from ptspeed.render.comparison import (
     rule_sentence,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "compare.py"
+SCRIPT = TOOLS / "compare.py"
 
 
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compare_script", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-compare_script = load_script()
+compare_script = load_script(SCRIPT)
 
 
 def trials(centre: float, n: int, spread: float = 0.01, seed: int = 0) -> list[float]:

@@ -298,7 +298,7 @@ def test_container_run_script_prints_the_command(tmp_path: Path) -> None:
     MANIFEST.write(manifest)
     assert ImageManifest.read(manifest) == MANIFEST
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/container_run.py"), "--engine", "docker",
+        [sys.executable, str(ROOT / "workflow/scripts/container_run.py"), "--engine", "docker",
          "--manifest", str(manifest), "--workdir", str(tmp_path), "--dry-run",
          "--", "python", "-m", "ptspeed", "cell", "--env", "torch-2.0"],
         capture_output=True, text=True, check=False,
@@ -391,7 +391,7 @@ def test_cells_of_a_container_environment_run_in_the_built_image(
     )  # fmt: skip
     assert output.startswith("exit 0"), output[-4000:]
     assert f"output: {results}/images/torch-2.0.json" in output
-    assert f"scripts/image.py build --env torch-2.0 --engine {engine}" in output
+    assert f"workflow/scripts/image.py build --env torch-2.0 --engine {engine}" in output
     assert f"--base-image {CI_BASE_IMAGE}" in output
     (cell,) = [line for line in output.splitlines() if "-m ptspeed cell" in line]
     assert f"container_run.py --engine {engine} --manifest {results}/images/torch-2.0.json" in cell
@@ -454,7 +454,7 @@ def test_apptainer_makes_the_sif_of_a_pinned_registry_image(tmp_path: Path) -> N
     )  # fmt: skip
     assert output.startswith("exit 0"), output[-4000:]
     assert "ptspeed: images: apptainer build from the registry, by digest" in output
-    (sif,) = [line for line in output.splitlines() if "scripts/image.py sif" in line]
+    (sif,) = [line for line in output.splitlines() if "workflow/scripts/image.py sif" in line]
     assert f"--source registry --uri docker://ghcr.io/ptspeed/torch-2.0@{DIGEST}" in sif
     (cell,) = [line for line in output.splitlines() if "-m ptspeed cell" in line]
     digest_file = results / "images/torch-2.0.sif.digest"

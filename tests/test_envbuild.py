@@ -1,4 +1,4 @@
-"""Tests of ptspeed.envs.venvs and scripts/build_env.py.
+"""Tests of ptspeed.envs.venvs and workflow/scripts/build_env.py.
 
 The builds here use the running interpreter and a wheel made on the spot (no network); only the
 test marked slow installs from PyPI.
@@ -34,7 +34,7 @@ from ptspeed.envs.venvs import (
 from ptspeed.errors import EnvBuildError
 
 REPO = Path(__file__).resolve().parents[1]
-BUILD_ENV_SCRIPT = REPO / "scripts" / "build_env.py"
+BUILD_ENV_SCRIPT = REPO / "workflow" / "scripts" / "build_env.py"
 THIS_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
@@ -438,7 +438,7 @@ def test_two_runs_building_one_lock_build_it_once(tmp_path: Path, installer: str
     assert built == {str(dest / f"tiny-{lock_hash(requirements)}")}
 
 
-# --- scripts/build_env.py ------------------------------------------------------------------
+# --- workflow/scripts/build_env.py ---------------------------------------------------------
 
 
 def run_build_env(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

@@ -729,7 +729,8 @@ def test_no_code_evaluates_configured_text() -> None:
     """No eval/exec/unsafe YAML/pickle anywhere in the suite's code; the only dynamic imports
     take module names from the code itself."""
     sources = [*SRC.rglob("*.py"), *(ROOT / "scripts").glob("*.py")]
-    sources += [*(ROOT / "workflow").rglob("*.smk"), ROOT / "Snakefile"]
+    sources += [*(ROOT / "workflow").rglob("*.py"), *(ROOT / "workflow").rglob("*.smk")]
+    sources.append(ROOT / "Snakefile")
     offending = []
     for path in sources:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -11,28 +10,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import gpu_node_bed
 import pytest
-from helpers import ROOT, fake_libcuda, make_record, with_sources
+from helpers import ROOT, TOOLS, fake_libcuda, load_script, make_record, with_sources
 
 from ptspeed.cell.record import write_record
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+SCRIPT = TOOLS / "gpu_check.py"
 
 
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check_script", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = load_script()
+gpu_check = load_script(SCRIPT)
 
 
 def path_outcome(directory: Path, knobs: str, late_loss: float) -> Any:

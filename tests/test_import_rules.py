@@ -2,10 +2,11 @@
 functions) and checked by importing in a clean interpreter.
 
 The cell side (what runs inside a benchmark environment: ``cell/``, ``launch/``, ``models/``,
-``cli.py``, ``errors.py``) uses the standard library and torch alone (the model zoo also its
-model libraries) and never imports the host side (``plan/``, ``envs/``, ``analysis/``,
-``render/``). ``launch/`` starts and watches the worker and never loads torch. The host side
-never reaches back into the render stage from the planning or environment stages.
+``cli.py``, ``entrypoint.py``, ``errors.py``) uses the standard library and torch alone (the
+model zoo also its model libraries) and never imports the host side (``plan/``, ``envs/``,
+``analysis/``, ``render/``). ``launch/`` starts and watches the worker and never loads
+torch. The host side never reaches back into the render stage from the planning or
+environment stages.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ import pytest
 SOURCE = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SOURCE / "ptspeed"
 
-CELL_SIDE = {"cell", "launch", "models", "cli", "errors", "__main__", "__init__"}
+CELL_SIDE = {"cell", "launch", "models", "cli", "entrypoint", "errors", "__main__", "__init__"}
 HOST_SIDE = {"plan", "envs", "analysis", "render"}
 # What each part may import from the project (besides itself).
 ALLOWED_PARTS = {
     "errors": set(),
+    "entrypoint": {"errors"},
     "cell": {"errors", "models"},
     "models": {"errors", "cell"},
     "launch": {"errors", "cell"},
-    "cli": {"errors", "cell", "launch", "models"},
+    "cli": {"errors", "entrypoint", "cell", "launch", "models"},
     "__main__": {"cli"},
     "__init__": set(),
     "plan": {"errors", "cell", "launch", "models"},
@@ -45,6 +47,7 @@ ALLOWED_THIRD_PARTY = {
     "models": {"torch", "torchvision", "transformers", "timm"},
     "launch": set(),
     "cli": set(),
+    "entrypoint": set(),
     "errors": set(),
     "__main__": set(),
     "__init__": set(),

@@ -3,7 +3,7 @@
 * A results directory where every trial of a comparison's baseline was judged perturbed still
   aggregates and renders: that comparison is "not measured" with the reason, the others are
   intact, and one line on the console names it.
-* A run with reruns, driven round by round through scripts/judge_trials.py as the workflow
+* A run with reruns, driven round by round through workflow/scripts/judge_trials.py as the workflow
   drives it: each trial's verdict is the one that decided its rerun (the final tables do not
   re-judge round 0 against the medians of every round), so the counted trials equal the
   configured ones wherever the reruns succeeded; a rerun perturbed again by the same rule is
@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import io
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pandas as pd
 import pytest
 import yaml
-from helpers import CLAIMS, CONFIG, ROOT, TABLE_NAMES, make_record
+from helpers import CLAIMS, CONFIG, TABLE_NAMES, WORKFLOW_SCRIPTS, load_script, make_record
 
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.columns import read_table
@@ -36,17 +34,9 @@ LABELS = {"resnet50": "b8-i96", "bert-base": "b4-s64", "gpt2": "b2-s64"}
 WINDOW_S, CPUS = 2.0, 2
 
 
-def load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-judge_trials = load_script("judge_trials")
-aggregate_script = load_script("aggregate")
-render_script = load_script("render_report")
+judge_trials = load_script(WORKFLOW_SCRIPTS / "judge_trials.py")
+aggregate_script = load_script(WORKFLOW_SCRIPTS / "aggregate.py")
+render_script = load_script(WORKFLOW_SCRIPTS / "render_report.py")
 
 
 def write_trial(
@@ -82,8 +72,8 @@ def write_inputs(directory: Path, config: dict[str, Any]) -> tuple[Path, Path]:
 
 
 def aggregate(directory: Path, config: Path, claims: Path, records: list[Path]) -> Path:
-    """scripts/aggregate.py as the workflow's aggregate rule runs it (in this process); what it
-    printed goes to ``aggregate.err``."""
+    """workflow/scripts/aggregate.py as the workflow's aggregate rule runs it (in this process);
+    what it printed goes to ``aggregate.err``."""
     out_dir = directory / "results" / "tables"
     printed = io.StringIO()
     with contextlib.redirect_stderr(printed):
@@ -97,7 +87,7 @@ def aggregate(directory: Path, config: Path, claims: Path, records: list[Path]) 
 
 
 def render(directory: Path, tables: Path, config: Path, claims: Path) -> str:
-    """scripts/render_report.py as the workflow's report rule runs it; the Markdown."""
+    """workflow/scripts/render_report.py as the workflow's report rule runs it; the Markdown."""
     out_dir = directory / "results" / "report"
     tables_given = [f"--{name}={tables / f'{name}.csv'}" for name in TABLE_NAMES]
     status = render_script.main(
@@ -243,8 +233,8 @@ def run_round(results: Path, attempt: int, due: list[str]) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def rerun_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The workflow's loop: run a round, judge it with scripts/judge_trials.py on every record
-    so far, run its reruns, until a round asks for none; then aggregate and render."""
+    """The workflow's loop: run a round, judge it with workflow/scripts/judge_trials.py on every
+    record so far, run its reruns, until a round asks for none; then aggregate and render."""
     directory = tmp_path_factory.mktemp("reruns")
     results = directory / "results"
     config, claims = write_inputs(directory, RUN)

@@ -4,20 +4,18 @@ probe-outlier rules, compare's accounting for the machine, and A/A runs of the w
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import math
 import os
 import random
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pandas as pd
 import pytest
 import torch
-from helpers import HOSTS, ROOT, snakemake, write_config
+from helpers import HOSTS, ROOT, TOOLS, load_script, snakemake, write_config
 
 from ptspeed.analysis.change_verdict import FASTER, SAME, SLOWER
 from ptspeed.analysis.columns import read_table
@@ -35,16 +33,7 @@ from ptspeed.cell.measurement import probe
 from ptspeed.cell.record_window import Conditions
 from ptspeed.render.comparison import machine_lines
 
-
-def load_compare_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compare_script", ROOT / "scripts/compare.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-compare_script = load_compare_script()
+compare_script = load_script(TOOLS / "compare.py")
 
 # --- the probe -------------------------------------------------------------------------------
 

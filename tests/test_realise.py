@@ -99,7 +99,7 @@ def test_a_container_cell_runs_in_the_engines_run_of_its_image(
     assert found.ready("boxed") == "results/images/boxed.json"
     assert found.container("boxed") is None
     command = shlex.split(found.python("boxed"))
-    assert command[:2] == [PYTHON, str(ROOT / "scripts/container_run.py")]
+    assert command[:2] == [PYTHON, str(ROOT / "workflow/scripts/container_run.py")]
     assert command[command.index("--manifest") + 1] == "results/images/boxed.json"
     assert ("--gpus" in command) == (device_class == "cuda")
     mounts = [command[i + 1] for i, word in enumerate(command) if word == "--mount"]

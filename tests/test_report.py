@@ -904,7 +904,7 @@ def run_render_script(tmp_path: Path, *extra: str) -> subprocess.CompletedProces
     config, claims = tmp_path / "config.json", tmp_path / "claims.yaml"
     return subprocess.run(
         [
-            sys.executable, str(REPO / "scripts" / "render_report.py"),
+            sys.executable, str(REPO / "workflow" / "scripts" / "render_report.py"),
             "--runs", str(tables / "runs.csv"), "--summary", str(tables / "summary.csv"),
             "--speedups", str(tables / "speedups.csv"), "--steps", str(tables / "steps.csv"),
             "--config", str(config), "--claims", str(claims),

@@ -306,7 +306,7 @@ def test_hopper_matrix_plans_the_cuda_11_8_environment(tmp_path: Path) -> None:
     envs = ("torch-2.0-cu118", "torch-2.14")
     assert cells == {(env, variant): per_pair for env in envs for variant in ("eager", "compile")}
     assert sorted(planned["build_env"]) == [f"{results}/envs/{env}.json" for env in envs]
-    build = re.search(r"scripts/build_env\.py --name torch-2\.0-cu118 (.*)", output)
+    build = re.search(r"workflow/scripts/build_env\.py --name torch-2\.0-cu118 (.*)", output)
     assert build and "--requirements envs/torch-2.0-cu118.txt --python 3.10" in build[1]
     venv = f"torch-2.0-cu118-{lock_hash(ROOT / 'envs/torch-2.0-cu118.txt')}/bin/python"
     # Every job's block, whatever its header (rule, localrule, checkpoint, localcheckpoint): a

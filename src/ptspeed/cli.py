@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NoReturn
 
 from ptspeed.cell.arguments import add_arguments, spec_of
 from ptspeed.cell.checks import check_cell
@@ -31,13 +30,13 @@ from ptspeed.cell.record import CellSpec, Record, utc_now, write_record
 from ptspeed.cell.schema import json_schema
 from ptspeed.cell.variants import knobs as knobs_module
 from ptspeed.cell.variants.knobs import parse_knobs
+from ptspeed.entrypoint import OneLineParser, one_line_errors
 from ptspeed.errors import BadInput, GpuRequestError, WriteFailed
 from ptspeed.launch.gpus import gpu_environment
 from ptspeed.models import FAMILIES, REGISTRY
 from ptspeed.models.catalog import family_names
 
 EXIT_NOT_WRITTEN = 1
-EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 # Set for the worker whatever the caller's environment says: models are built from configs
 # with random weights, and a cell must never wait on (or depend on) the network.
@@ -51,22 +50,12 @@ GPU_WAIT_S = 600.0
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors(BadInput):
         return args.handler(args)
-    except BadInput as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as bad input: one ``error:`` line naming the argument, exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"error: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ptspeed", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="ptspeed", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(required=True, metavar="command")
     cell = commands.add_parser("cell", help="run one benchmark cell and write its record")
     add_arguments(cell)
@@ -95,16 +84,14 @@ def _cell(args: argparse.Namespace) -> int:
     for name in HUB_OFFLINE_VARIABLES:
         os.environ[name] = "1"
     try:
-        record = _run_on_claimed_gpus(spec, args.out, args.oom_retry)
+        with one_line_errors(WriteFailed, about="no record written", status=EXIT_NOT_WRITTEN):
+            record = _run_on_claimed_gpus(spec, args.out, args.oom_retry)
     except KeyboardInterrupt as exc:
         print(
             f"interrupted ({exc or 'SIGINT'}): the worker was stopped, no record written",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    except WriteFailed as exc:
-        print(f"error: no record written: {exc}", file=sys.stderr)
-        return EXIT_NOT_WRITTEN
     cell = record.cell
     line = f"{cell.model} {cell.variant} {cell.mode} batch {cell.batch_size}"
     if cell.retried_from_batch_size:

@@ -52,5 +52,5 @@ rule aggregate:
         python=HOST_PYTHON,
         out_dir=lambda wildcards, output: Path(output.runs).parent,
     shell:
-        "{params.python} scripts/aggregate.py --config {input.config:q} --claims {input.claims:q}"
+        "{params.python} workflow/scripts/aggregate.py --config {input.config:q} --claims {input.claims:q}"
         " --records {input.records:q} --out-dir {params.out_dir:q} 2>&1 | tee {log:q}"

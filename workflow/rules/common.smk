@@ -144,7 +144,10 @@ CELLS = list(cells(config, DEVICE_CLASS, PLATFORM_PLAN.cannot_run))
 if workflow.is_main_process:
     for reason in PLATFORM_PLAN.cannot_run.values():
         print(f"ptspeed: not planned: {reason}", file=sys.stderr)
-HOST_PYTHON = shlex.quote(sys.executable)
+# The rules' scripts (workflow/scripts/) import this checkout's sources, as this workflow does,
+# whether or not the Python running Snakemake has the project installed.
+SCRIPT_SOURCES = shlex.quote(str(Path(workflow.basedir) / "src"))
+HOST_PYTHON = f'PYTHONPATH={SCRIPT_SOURCES}"${{PYTHONPATH:+:$PYTHONPATH}}" {shlex.quote(sys.executable)}'
 
 
 def gpu_limit():

@@ -23,6 +23,6 @@ rule build_env:
         python_version=lambda wildcards: ENVIRONMENTS[wildcards.env]["python"],
         dest=ENV_CACHE,
     shell:
-        "{params.python} scripts/build_env.py --name {wildcards.env} --requirements {input.requirements:q}"
+        "{params.python} workflow/scripts/build_env.py --name {wildcards.env} --requirements {input.requirements:q}"
         " --python {params.python_version:q} --dest {params.dest:q} --link {output.ready:q}"
         " > {log:q} 2>&1"

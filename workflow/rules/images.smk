@@ -40,7 +40,7 @@ if CONTAINERS["images"] == "build":
             python=HOST_PYTHON,
             options=image_build_options,
         shell:
-            "{params.python} scripts/image.py build --env {wildcards.env} {params.options}"
+            "{params.python} workflow/scripts/image.py build --env {wildcards.env} {params.options}"
             " --requirements {input.requirements:q}"
             " --manifest {output.manifest:q} > {log:q} 2>&1"
             ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
@@ -61,7 +61,7 @@ else:
             python=HOST_PYTHON,
             options=image_pull_options,
         shell:
-            "{params.python} scripts/image.py pull --env {wildcards.env} {params.options}"
+            "{params.python} workflow/scripts/image.py pull --env {wildcards.env} {params.options}"
             " --manifest {output.manifest:q} > {log:q} 2>&1"
             ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
 
@@ -83,7 +83,7 @@ rule sif:
         python=HOST_PYTHON,
         options=sif_options,
     shell:
-        "{params.python} scripts/image.py sif --env {wildcards.env} {params.options}"
+        "{params.python} workflow/scripts/image.py sif --env {wildcards.env} {params.options}"
         " --sif {output.sif:q} --digest {output.digest:q} > {log:q} 2>&1"
         ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'
 
@@ -110,6 +110,6 @@ if BROUGHT_ENVS:
             python=HOST_PYTHON,
             image=lambda wildcards: REALISATION.brought(wildcards.env),
         shell:
-            "{params.python} scripts/brought_image.py --env {wildcards.env} --image {params.image:q}"
+            "{params.python} workflow/scripts/brought_image.py --env {wildcards.env} --image {params.image:q}"
             " --record {output.record:q} --digest {output.digest:q} > {log:q} 2>&1"
             ' || {{ echo "ptspeed: $(tail -n 1 {log:q}) (log: {log})" >&2; exit 1; }}'

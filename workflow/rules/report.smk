@@ -29,7 +29,7 @@ rule report:
             f"--earlier {shlex.quote(input.earlier)}" if input.earlier else ""
         ),
     shell:
-        "{params.python} scripts/render_report.py --runs {input.runs:q} --summary {input.summary:q}"
+        "{params.python} workflow/scripts/render_report.py --runs {input.runs:q} --summary {input.summary:q}"
         " --speedups {input.speedups:q} --steps {input.steps:q} --config {input.config:q}"
         " --claims {input.claims:q} {params.earlier}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

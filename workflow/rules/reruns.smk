@@ -23,6 +23,6 @@ checkpoint judge_trials:
     params:
         python=HOST_PYTHON,
     shell:
-        "{params.python} scripts/judge_trials.py --config {input.config:q}"
+        "{params.python} workflow/scripts/judge_trials.py --config {input.config:q}"
         " --attempt {wildcards.attempt} --records {input.records:q} --out {output:q}"
         " > {log:q} 2>&1"

@@ -1,6 +1,6 @@
 """Cell records in, four tidy tables out: runs, steps, summary and speedups.
 
-The entry point of aggregation (scripts/aggregate.py, the workflow's aggregate rule):
+The entry point of aggregation (workflow/scripts/aggregate.py, the workflow's aggregate rule):
 
 * :func:`load_tables` reads record files into the *runs* frame, one row per file, and the
   *steps* frame, one row per measured step of an ``ok`` record. A file that cannot be read as a

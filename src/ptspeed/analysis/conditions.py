@@ -37,7 +37,7 @@ What each rule reads of a trial's row (its CPU shares, its probe's ends and grou
 One judgement: the trials of round ``a`` (:mod:`ptspeed.analysis.reruns`: configured trials
 are round 0, their reruns round 1, …) are judged against the run's median trial of rounds
 ``0 .. a``, the records the workflow had when it judged that round and decided its reruns
-(``scripts/judge_trials.py``), so that the tables count exactly what the reruns replaced.
+(``workflow/scripts/judge_trials.py``), so that the tables count exactly what the reruns replaced.
 
 :func:`judge_runs` adds ``perturbed`` (true, false, or blank where nothing could be judged: a
 trial that is not ok or recorded no conditions) and ``perturbed_reason`` to the runs frame.

@@ -1,7 +1,7 @@
 """The GPU code of an environment, known on the host: what its realised build recorded, else
 what the published build its lock pins carries (:func:`ptspeed.cell.gpu_code.published_code`).
 
-``scripts/build_env.py`` writes ``<results>/envs/<env>.json`` when it realises a venv: its
+``workflow/scripts/build_env.py`` writes ``<results>/envs/<env>.json`` when it realises a venv: its
 interpreter and the code of its torch (:func:`probe_code`, one subprocess in the venv).
 Standard library only: this runs in the orchestrating interpreter, which has no torch.
 """

@@ -29,7 +29,7 @@ from ptspeed.envs.image_references import is_local_image, strip_scheme, without_
 from ptspeed.envs.venvs import venv_dir
 from ptspeed.errors import ConfigError
 
-CONTAINER_RUN = Path("scripts/container_run.py")
+CONTAINER_RUN = Path("workflow/scripts/container_run.py")
 
 
 def quoted(arguments: Iterable[object]) -> str:
@@ -232,7 +232,7 @@ class Images:
         return self.spec(env).get("container") or f"localhost/ptspeed/{env}:latest"
 
     def recipe_options(self, env: str) -> list[object]:
-        """Options of scripts/image.py that say what an image is built from."""
+        """Options of workflow/scripts/image.py that say what an image is built from."""
         settings, workdir = self.realisation.containers, self.realisation.workdir
         options: list[object] = ["--python", self.spec(env)["python"]]
         if self.spec(env).get("base_image"):
@@ -273,7 +273,7 @@ class Images:
         return {**inputs, "definition": str(DEFINITION)}
 
     def sif_options(self, env: str) -> str:
-        """Options of ``scripts/image.py sif``; raises ConfigError without a plan."""
+        """Options of ``workflow/scripts/image.py sif``; raises ConfigError without a plan."""
         plan = self.sif_plan
         if plan is None:
             raise ConfigError(

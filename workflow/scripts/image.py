@@ -1,22 +1,21 @@
 """Build or pull one environment's container image and write its manifest; make an Apptainer
 image of it.
 
-    python scripts/image.py build --env torch-2.0 --engine podman \\
+    python workflow/scripts/image.py build --env torch-2.0 --engine podman \\
         --requirements envs/torch-2.0.txt --python 3.10 --tag localhost/ptspeed/torch-2.0:latest \\
         [--base-image IMAGE] [--ca-bundle FILE] [--push-to REGISTRY] [--image-dir DIR] \\
         --manifest results/images/torch-2.0.json
-    python scripts/image.py pull --env torch-2.0 --engine podman \\
+    python workflow/scripts/image.py pull --env torch-2.0 --engine podman \\
         --uri docker://registry.example.org/ptspeed/torch-2.0@sha256:... \\
         --manifest results/images/torch-2.0.json
-    python scripts/image.py sif --env torch-2.0 --source image|definition|registry \\
+    python workflow/scripts/image.py sif --env torch-2.0 --source image|definition|registry \\
         [--engine podman --manifest M.json | --uri REFERENCE] --requirements envs/torch-2.0.txt \\
         --python 3.10 [--base-image IMAGE] [--image-dir DIR] \\
         --sif results/images/torch-2.0.sif --digest results/images/torch-2.0.sif.digest
 
 With --image-dir, images are kept there under a name made of the environment and the hash of
 what they are built from (ptspeed.envs.apptainer.image_key): a build or a sif whose twin is already
-there reuses it (the sif by a symbolic link) instead of building. Runs from the repository root
-without the package installed.
+there reuses it (the sif by a symbolic link) instead of building.
 """
 
 import argparse
@@ -28,9 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 from ptspeed.cell.files import exclusive_lock
+from ptspeed.entrypoint import one_line_errors
 from ptspeed.envs.apptainer import (
     APPTAINER_COMMANDS,
     SifPlan,
@@ -54,7 +52,7 @@ from ptspeed.envs.engine_calls import build_image, image_size, pull_image, push_
 from ptspeed.envs.image_references import build_tag
 from ptspeed.errors import ContainerError
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 SIF_SOURCES = ("image", "definition", "registry")
 
 
@@ -183,18 +181,17 @@ def convert(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        with tempfile.TemporaryDirectory(prefix="ptspeed-image-secrets-") as scratch:
-            args.scratch = Path(scratch)
-            if args.action == "build":
-                build(args)
-            elif args.action == "pull":
-                pull_image(args.engine, args.env, args.uri).write(args.manifest)
-            else:
-                make_sif(args)
-    except (ContainerError, OSError, subprocess.CalledProcessError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    with (
+        one_line_errors(ContainerError, OSError, subprocess.CalledProcessError),
+        tempfile.TemporaryDirectory(prefix="ptspeed-image-secrets-") as scratch,
+    ):
+        args.scratch = Path(scratch)
+        if args.action == "build":
+            build(args)
+        elif args.action == "pull":
+            pull_image(args.engine, args.env, args.uri).write(args.manifest)
+        else:
+            make_sif(args)
     return 0
 
 

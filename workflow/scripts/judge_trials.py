@@ -1,6 +1,7 @@
 """List the perturbed trials of one round that the workflow runs again (config conditions.reruns).
 
-    python scripts/judge_trials.py --config CONFIG --attempt 0 --records R... --out reruns.json
+    python workflow/scripts/judge_trials.py --config CONFIG --attempt 0 --records R... \\
+        --out reruns.json
 
 Judges every given record as aggregation does (ptspeed.analysis.conditions: round A against
 the run's median trial of rounds 0 .. A, the records given; the final tables judge it so too)
@@ -17,11 +18,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 from ptspeed.analysis.aggregate import load_tables, read_mapping
 from ptspeed.analysis.reruns import attempt_of, reruns_due, stopped_reruns
 from ptspeed.cell.files import write_atomic
+from ptspeed.entrypoint import one_line_errors
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+    with one_line_errors():
         config = read_mapping(args.config)
         runs, _ = load_tables(args.records, config)
         due = [cell.path for cell in reruns_due(runs, config, args.attempt)]
@@ -46,9 +46,6 @@ def main(argv: list[str] | None = None) -> int:
         ]
         answer = {"attempt": args.attempt, "reruns": due, "stopped": stopped}
         write_atomic(args.out, json.dumps(answer, indent=1))
-    except (OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     print(f"round {args.attempt}: {len(due)} perturbed trial(s) to run again", file=sys.stderr)
     if stopped:
         print(

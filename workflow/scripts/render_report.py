@@ -1,6 +1,6 @@
 """Render the report (index.html and report.md) from the aggregated tables.
 
-    python scripts/render_report.py --runs results/tables/runs.csv \
+    python workflow/scripts/render_report.py --runs results/tables/runs.csv \
         --summary results/tables/summary.csv --speedups results/tables/speedups.csv \
         --steps results/tables/steps.csv --config CONFIG --claims config/claims.yaml \
         --out-dir results/report
@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import jinja2
 import pandas as pd
@@ -23,6 +20,7 @@ import pandas as pd
 from ptspeed.analysis.aggregate import read_mapping
 from ptspeed.analysis.columns import read_table
 from ptspeed.analysis.compare_inputs import read_runs
+from ptspeed.entrypoint import PROJECT_ERRORS, one_line_errors
 from ptspeed.render.report import render
 
 
@@ -53,7 +51,7 @@ def read_csv(path: str) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+    with one_line_errors(*PROJECT_ERRORS, KeyError, jinja2.TemplateError, unexpected=True):
         tables = [read_csv(path) for path in (args.runs, args.summary, args.speedups)]
         steps = read_csv(args.steps) if args.steps else None
         config, claims = read_mapping(args.config), read_mapping(args.claims)
@@ -62,12 +60,6 @@ def main(argv: list[str] | None = None) -> int:
             *tables, config, claims, args.out_dir, templates_dir=args.templates_dir, steps=steps,
             earlier=earlier,
         )  # fmt: skip
-    except (OSError, ValueError, KeyError, jinja2.TemplateError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except Exception as error:  # a bug, but still one line for the user, never a traceback
-        print(f"error: unexpected {type(error).__name__}: {error}", file=sys.stderr)
-        return 2
     return 0
 
 

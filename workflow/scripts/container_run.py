@@ -1,13 +1,12 @@
 """Run a command (a cell) in an environment's image with docker or podman.
 
-    python scripts/container_run.py --engine podman --manifest results/images/torch-2.0.json \\
+    python workflow/scripts/container_run.py --engine podman \\
+        --manifest results/images/torch-2.0.json \\
         [--gpus] --mount PROJECT --mount RESULTS --workdir DIR -- python -m ptspeed cell ...
 
 The image is the manifest's (run by id, named in the record with its digest); the mounted
 directories appear at the same paths inside, so paths on the command line mean the same thing
 there. Exits with the command's exit status.
-
-Runs from the repository root without the package installed.
 """
 
 import argparse
@@ -15,15 +14,13 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 from ptspeed.cell.provenance import GIT_COMMIT_VARIABLE, git_state
+from ptspeed.entrypoint import one_line_errors
 from ptspeed.envs.containers import ENGINES, ImageManifest
 from ptspeed.envs.engine_calls import passed_environment, run_command
-from ptspeed.errors import ContainerError
 from ptspeed.launch.gpus import LOCK_DIR_VARIABLE, lock_dir
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,11 +55,8 @@ def code_environment() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+    with one_line_errors(OSError, ValueError, TypeError, about=f"manifest {args.manifest}"):
         manifest = ImageManifest.read(args.manifest)
-    except (OSError, ValueError, TypeError) as error:
-        print(f"error: manifest {args.manifest}: {error}", file=sys.stderr)
-        return 2
     environment = {**passed_environment(os.environ), **code_environment()}
     mounts = [PROJECT, *args.mount]
     if args.gpus:
@@ -81,11 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(" ".join(command))
         return 0
-    try:
+    with one_line_errors(OSError, about=command[0]):
         os.execvp(command[0], command)
-    except OSError as error:
-        print(f"error: {ContainerError(f'{command[0]}: {error}')}", file=sys.stderr)
-        return 2
+    return 0  # not reached: the command replaced this process
 
 
 if __name__ == "__main__":

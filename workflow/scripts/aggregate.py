@@ -1,6 +1,6 @@
 """Aggregate cell records into results/tables: runs.csv, steps.csv, summary.csv, speedups.csv.
 
-    python scripts/aggregate.py --config CONFIG --claims config/claims.yaml \
+    python workflow/scripts/aggregate.py --config CONFIG --claims config/claims.yaml \
         --records results/records/*.json --out-dir results/tables
 
 Every listed path becomes a runs row: a path with no file is a ``missing`` row, a file that is
@@ -18,8 +18,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 import pandas as pd
 
 from ptspeed.analysis.aggregate import load_tables, read_mapping, records_listed_in
@@ -27,6 +25,7 @@ from ptspeed.analysis.claims import empty_sides
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.files import write_atomic
+from ptspeed.entrypoint import one_line_errors
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,7 +56,7 @@ def not_measured_line(comparisons: pd.DataFrame) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+    with one_line_errors(unexpected=True):
         config, claims = read_mapping(args.config), read_mapping(args.claims)
         paths = [
             *args.records,
@@ -74,12 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         warning = not_measured_line(comparisons)
         if warning:
             print(warning, file=sys.stderr)
-    except (OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except Exception as error:  # a bug, but still one line for the user, never a traceback
-        print(f"error: unexpected {type(error).__name__}: {error}", file=sys.stderr)
-        return 2
     return 0
 
 

@@ -1,14 +1,13 @@
 """Read what an image a site brings holds, once, and record it like a realised environment's.
 
-    python scripts/brought_image.py --env ngc-22.11 \\
+    python workflow/scripts/brought_image.py --env ngc-22.11 \\
         --image docker://nvcr.io/nvidia/pytorch:22.11-py3@sha256:... \\
         --record results/envs/ngc-22.11.json --digest results/envs/ngc-22.11.digest
 
 The image is used as is: its python reads its torch's version, CUDA and GPU code (``apptainer
 exec``, or SingularityCE's ``singularity exec``; no GPU needed), which go to --record as
-scripts/build_env.py writes a venv's, with the image and its digest; --digest holds the digest
-alone, which every cell's record names. Runs from the repository root without the package
-installed.
+workflow/scripts/build_env.py writes a venv's, with the image and its digest; --digest holds
+the digest alone, which every cell's record names.
 """
 
 import argparse
@@ -16,15 +15,14 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 from ptspeed.cell.files import write_atomic
+from ptspeed.entrypoint import one_line_errors
 from ptspeed.envs.apptainer import apptainer_command, brought_image_digest
 from ptspeed.envs.apptainer_cells import brought_probe_launcher
 from ptspeed.envs.gpu_code import environment_record, probe_code
 from ptspeed.errors import EnvBuildError
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 # The image's own interpreter, as the cells start it (ptspeed.envs.apptainer_cells.CELL_PYTHON).
 IMAGE_PYTHON = "python"
 
@@ -44,13 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         print("error: neither apptainer nor singularity is on PATH", file=sys.stderr)
         return 2
-    try:
+    with one_line_errors(EnvBuildError, OSError, about=f"environments.{args.env}.image"):
         launcher = brought_probe_launcher(command, args.image, [SRC])
         code = probe_code(IMAGE_PYTHON, launcher, args.image)
         digest = brought_image_digest(args.image, Path.cwd())
-    except (EnvBuildError, OSError) as error:
-        print(f"error: environments.{args.env}.image: {error}", file=sys.stderr)
-        return 2
     record = {**environment_record(IMAGE_PYTHON, code), "image": args.image, "digest": digest}
     write_atomic(args.digest, digest + "\n")
     write_atomic(args.record, json.dumps(record, indent=2) + "\n")

@@ -1,13 +1,11 @@
 """Build (or reuse) the venv of one environment and write what it realised to --link (JSON).
 
-    python scripts/build_env.py --name torch-2.0 --requirements envs/torch-2.0.txt \\
+    python workflow/scripts/build_env.py --name torch-2.0 --requirements envs/torch-2.0.txt \\
         --python 3.10 --dest .cache/envs --link results/envs/torch-2.0.json
 
 The record holds the venv's interpreter (``python``) and the GPU code of its torch
 (``gpu_code``: torch and CUDA versions, ``torch._C._cuda_getArchFlags()``), read by one
 subprocess in the venv (ptspeed.envs.gpu_code).
-
-Runs from the repository root without the package installed.
 """
 
 import argparse
@@ -15,9 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 from ptspeed.cell.files import write_atomic
+from ptspeed.entrypoint import one_line_errors
 from ptspeed.envs.gpu_code import environment_record, probe_code
 from ptspeed.envs.venvs import INSTALLERS, build_venv, venv_python
 from ptspeed.errors import EnvBuildError
@@ -40,16 +37,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+    with one_line_errors(EnvBuildError, OSError):
         venv = build_venv(
             args.name, args.requirements, args.python, args.dest, installer=args.installer
         )
         python = venv_python(venv)
         record = environment_record(python, probe_code(python))
         write_atomic(args.link, json.dumps(record, indent=2) + "\n")
-    except (EnvBuildError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     return 0
 
 
