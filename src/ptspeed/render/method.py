@@ -229,7 +229,7 @@ def method_rules() -> str:
 def method_section(inputs: ReportInputs) -> Section:
     """How the numbers were made: report/templates/method.md.j2 with the code's constants, the
     run's configuration and what its records state."""
-    text = (
+    rendered = (
         template_environment()
         .get_template(METHOD_TEMPLATE)
         .render(
@@ -242,7 +242,7 @@ def method_section(inputs: ReportInputs) -> Section:
         id="method",
         title="Method",
         intro="How the numbers above were made.",
-        blocks=[Block(table=Table.of(METHOD_TABLE, method_rows(text)))],
+        blocks=[Block(table=Table.of(METHOD_TABLE, method_rows(rendered)))],
     )
 
 
