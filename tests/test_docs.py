@@ -54,3 +54,26 @@ def test_the_readme_is_a_door() -> None:
     first_block = text.split("```sh\n", 1)[1].split("```", 1)[0]
     commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
     assert commands == ["make run", "make test"]
+
+
+def test_the_development_page_names_every_stage() -> None:
+    """docs/development.md's layout names every rule file of the workflow and every package of
+    src/ptspeed."""
+    text = (ROOT / "docs/development.md").read_text(encoding="utf-8")
+    rules = [f"workflow/rules/{p.name}" for p in sorted((ROOT / "workflow/rules").glob("*.smk"))]
+    packages = [
+        f"`{p.name}/`"
+        for p in sorted((ROOT / "src/ptspeed").iterdir())
+        if (p / "__init__.py").is_file()
+    ]
+    assert [name for name in [*rules, *packages] if name not in text] == []
+
+
+def test_the_guide_lists_its_pages_in_reading_order() -> None:
+    """docs/README.md's numbered list and the README's link the guide's pages in one order."""
+    order = ["getting-started", "models", "configuration", "clusters", "method", "report",
+             "gpu-check", "development"]  # fmt: skip
+    for page in (ROOT / "docs/README.md", ROOT / "README.md"):
+        items = re.findall(r"^\d+\. (.*)$", page.read_text(encoding="utf-8"), re.MULTILINE)
+        firsts = [Path(LINK.findall(item)[0]).stem for item in items]
+        assert firsts == order, page.name

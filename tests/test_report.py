@@ -31,7 +31,7 @@ from helpers import (
     render_tables,
 )
 
-from ptspeed.analysis import ranks
+from ptspeed.analysis import change_verdict, conditions, late_numerics, ranks, stats
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.columns import (
     MISSING_REASON,
@@ -44,7 +44,8 @@ from ptspeed.analysis.conditions import MIN_PROBED_TRIALS, PROBE_SPREAD, PROBE_S
 from ptspeed.analysis.late_numerics import LATE_TOLERANCES
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import summary_table
-from ptspeed.cell.measurement import probe_work
+from ptspeed.cell.measurement import breakdown as measurement_breakdown
+from ptspeed.cell.measurement import numerics, probe_work, telemetry
 from ptspeed.cell.measurement.numerics import TOLERANCES
 from ptspeed.cell.record import write_record
 from ptspeed.render import figures
@@ -63,7 +64,6 @@ from ptspeed.render.formatting import (
     format_speedup_interval,
 )
 from ptspeed.render.page import Block, ReportInputs, Section
-from ptspeed.render.report import markdown_cell, template_environment
 from ptspeed.render.sections import build_sections
 from ptspeed.render.tables import (
     CLAIMS_TABLE,
@@ -79,6 +79,7 @@ from ptspeed.render.tables import (
     Table,
     headers,
 )
+from ptspeed.render.templates import markdown_cell, template_environment
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -573,7 +574,7 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
     assert f"fp32 {LATE_TOLERANCES['fp32']:.1%}" in rows["late numerics check"]
     assert rows["noisy"] == "cv > 5% or median interval half-width > 10% of the median"
     for precision, tolerance in TOLERANCES.items():
-        assert f"{precision} {tolerance:.0%}" in rows["numerics tolerance"]
+        assert f"{precision} {tolerance:.1%}" in rows["numerics tolerance"]
     frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
     sections = build_sections(ReportInputs(*frames, config, CLAIMS))
     [method] = [s for s in sections if s.id == "method"]
@@ -629,6 +630,35 @@ def test_method_states_every_rule_with_the_thresholds_the_code_uses() -> None:
     assert "the hypervisor took more than 0.5% of its CPUs' time" in changed
     assert "up to 1 time (conditions.reruns)" in changed
     assert "the default, 15%," in changed  # the default's evidence, whatever this run's
+
+
+CODE_CONSTANTS = [
+    (numerics, "EAGER_ERROR_MULTIPLIER", 7.0, "numerics tolerance", "7 × eager's own error"),
+    (numerics, "SPREAD_ERROR_MULTIPLIER", 4.0, "numerics tolerance", "4 × how far eager moves"),
+    (numerics, "TOLERANCES", {"fp32": 0.0125}, "numerics tolerance", "tolerances fp32 1.2%;"),
+    (change_verdict, "AA_SPREAD", 0.07, "against an earlier run", "the ±7% two runs"),
+    (conditions, "PROBE_SPREAD_MULTIPLIER", 6.0, "perturbed trials", "or 6 × those probes'"),
+    (conditions, "MIN_PROBED_TRIALS", 8, "perturbed trials", "at least 8 trials probed"),
+    (stats, "NOISE_CV", 0.08, "noisy", "cv > 8% or"),
+    (telemetry, "NVML_ENERGY_MIN_WINDOW_S", 2.5, "energy", "shorter than 2.5 s has no energy"),
+    (late_numerics, "EAGER_SPREAD_MULTIPLIER", 9.0, "late numerics check", "9 × the eager"),
+    (measurement_breakdown, "SUM_TOLERANCE", 0.03, "where the time went", "within 3%."),
+]
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "value", "row", "stated"),
+    CODE_CONSTANTS,
+    ids=[f"{module.__name__}.{name}" for module, name, *_ in CODE_CONSTANTS],
+)
+def test_the_method_states_the_constant_the_code_applies(
+    monkeypatch: pytest.MonkeyPatch, module: Any, name: str, value: Any, row: str, stated: str
+) -> None:
+    """The Method section reads each number from the constant the code applies: a changed
+    constant changes the text."""
+    assert stated not in method_rows(CONFIG)[row]
+    monkeypatch.setattr(module, name, value)
+    assert stated in method_rows(CONFIG)[row]
 
 
 def test_method_states_the_verdicts_the_right_way_round() -> None:

@@ -2,7 +2,8 @@
 failures and missing cells, finds the seed table and the figures, decodes every figure, logs
 nothing to the console, and fits a narrow window without sideways scrolling. In a 1280 and a
 1600 px window every table fits the page, verdicts included, also a seed table of two platforms
-with compiled candidates and long verdicts (a wide page).
+with compiled candidates and long verdicts (a wide page). The README's picture of the seed table
+is the one today's code renders.
 
 Needs Debian's ``chromium`` package (``apt-get install chromium``); skipped without it.
 Screenshots are kept under ``results/`` in the test's temporary directory.
@@ -19,6 +20,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from helpers import (
+    ROOT,
     TABLE_NAMES,
     aggregate_cli,
     expected_seed_tables,
@@ -29,6 +31,7 @@ from helpers import (
 )
 
 from ptspeed.analysis.columns import read_table
+from ptspeed.render.screenshot import page_digest, photograph, seed_table_page, stamped_digest
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [
@@ -263,3 +266,23 @@ def test_figures_decode_and_the_page_fits_the_window(site: dict[str, Any], windo
     assert all(width <= found["viewport"] for width in found["shown"]), found
     if window == NARROW:
         take_screenshot(site, "report-narrow.png", window)
+
+
+README_PICTURE = ROOT / "docs" / "seed-table.png"
+README_PICTURE_MAX_BYTES = 100_000
+
+
+def test_the_readme_picture_is_the_seed_table_of_today(tmp_path: Path) -> None:
+    """docs/seed-table.png was photographed from the page today's code renders of the golden
+    fixture's tables (its digest says which page), and stays small; ``python3 scripts/docs.py
+    --screenshot`` makes it again after a change to the seed table."""
+    golden = ROOT / "tests" / "fixtures" / "golden"
+    page = seed_table_page(golden / "expected", golden / "config.yaml", golden / "claims.yaml")
+    stale = "stale: python3 scripts/docs.py --screenshot writes it again"
+    assert stamped_digest(README_PICTURE) == page_digest(page), stale
+    assert README_PICTURE.stat().st_size < README_PICTURE_MAX_BYTES
+    assert f"]({README_PICTURE.relative_to(ROOT)})" in (ROOT / "README.md").read_text("utf-8")
+    again = tmp_path / "seed-table.png"
+    photograph(page, again, CHROMIUM)
+    assert again.read_bytes().startswith(PNG_MAGIC)
+    assert stamped_digest(again) == page_digest(page)

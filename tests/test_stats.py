@@ -21,7 +21,7 @@ from ptspeed.analysis.ranks import (
     smallest_p_value,
     speedup,
 )
-from ptspeed.analysis.stats import median_ci, quantile, summarise
+from ptspeed.analysis.stats import median_ci, quantile, summarise, trials_with_range_interval
 
 FAST = settings(max_examples=40, deadline=None, derandomize=True)
 
@@ -81,6 +81,18 @@ def test_median_ci_ranks_match_table(n: int, rank: int) -> None:
     coverage = sum(math.comb(n, i) for i in range(rank, n + 1 - rank)) / 2**n
     assert achieved == pytest.approx(coverage)
     assert achieved >= 0.95
+
+
+@pytest.mark.parametrize("confidence", [0.8, 0.9, 0.95, 0.99])
+def test_trials_with_range_interval_are_those_whose_range_falls_short(confidence: float) -> None:
+    """The Method section's "with 5 trials or fewer it is the range": the range, shown with a
+    coverage below the requested one, up to that many trials, and not one more."""
+    most = trials_with_range_interval(confidence)
+    for n in range(1, most + 2):
+        low, high, achieved = median_ci([float(i) for i in range(n)], confidence)
+        assert (achieved < confidence) == (n <= most)
+        assert n > most or (low, high) == (0.0, float(n - 1))
+    assert trials_with_range_interval(0.95) == 5
 
 
 def test_median_ci_for_twenty_trials_covers_95_86_percent() -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "median_ci",
     "quantile",
     "summarise",
+    "trials_with_range_interval",
 ]
 
 NOISE_CV = 0.05
@@ -240,6 +241,16 @@ def finite_sorted(name: str, samples: Iterable[float]) -> list[float]:
 
 def _relative_half_width(low: float, high: float, median: float) -> float:
     return (high - low) / 2.0 / abs(median) if median != 0 else math.nan
+
+
+def trials_with_range_interval(confidence: float) -> int:
+    """The most trials whose median interval is the sample range and still covers less than
+    ``confidence`` (:func:`median_ci` then shows its coverage): 5 at 0.95."""
+    check_probability("confidence", confidence)
+    n = 1
+    while _median_rank_coverage(n + 1, 1) < confidence:
+        n += 1
+    return n
 
 
 def _median_rank_coverage(n: int, rank: int) -> float:

@@ -23,7 +23,6 @@ import seaborn as sns
 from ptspeed.analysis import breakdown
 from ptspeed.analysis.columns import SIDES
 from ptspeed.analysis.versions import torch_versions, version_key
-from ptspeed.cell.measurement.breakdown import SUM_TOLERANCE
 from ptspeed.cell.measurement.work_kinds import KIND_HELP, KINDS
 from ptspeed.render.figures import DPI, FONT, WIDTH_IN, Chart
 from ptspeed.render.formatting import format_text, is_blank
@@ -39,15 +38,6 @@ KINDS_FOOTNOTE = "Kinds: " + "; ".join(
 REPORT_DIRECTORY = "report"  # the report's directory under the results directory
 
 
-PROFILING_METHOD = (
-    "each cell's first trial runs a few more steps under torch.profiler after its measured "
-    "window (never inside it). Their time per step by kind of work: on the CPU each op's self "
-    "time by the op's kind, 'Python/framework' the time outside any op; on CUDA the GPU's time "
-    "by kernel kind, 'GPU idle' the time no kernel ran (host overhead). The kinds sum to the "
-    f"profiled step time within {SUM_TOLERANCE:.0%}. Profiled steps are slower than measured "
-    "ones (the profiler's cost): compare shares, not these times with the throughputs. Each "
-    "profiled trial's trace (Chrome trace JSON, gzip) opens in Perfetto or TensorBoard"
-)
 WHY_HEADER = "where the time went (per profiled step)"
 
 

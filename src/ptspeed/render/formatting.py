@@ -9,7 +9,7 @@ coverage where it falls short of the requested 95 %.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -143,7 +143,23 @@ def format_mib(value_bytes: Any) -> str:
 
 
 def format_fraction_as_percent(value: Any) -> str:
-    return BLANK if is_blank(value) else f"{float(value) * 100:.1f}%"
+    return BLANK if is_blank(value) else format_percent(value, 1)
+
+
+def format_percent(fraction: float, digits: int = 0) -> str:
+    """A fraction as a percentage with ``digits`` decimals: ``0.05`` → ``"5%"``."""
+    return f"{float(fraction):.{digits}%}"
+
+
+def format_percentages(fractions: Mapping[str, float], digits: int = 1) -> str:
+    """Named fractions as percentages: ``{"fp32": 0.005, "bf16": 0.05}`` → ``"fp32 0.5%, bf16
+    5.0%"``."""
+    return ", ".join(f"{name} {format_percent(value, digits)}" for name, value in fractions.items())
+
+
+def format_number(value: float, spec: str = "g") -> str:
+    """A number in a format spec, by default its shortest form: ``3.0`` → ``"3"``."""
+    return format(value, spec)
 
 
 def plural(count: int, noun: str) -> str:

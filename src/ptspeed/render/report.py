@@ -11,7 +11,6 @@ disagree, and every measured value is shown with the number of ok trials it came
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,8 @@ from ptspeed.analysis.conditions import mostly_perturbed
 from ptspeed.cell.files import write_atomic
 from ptspeed.render.page import ReportInputs
 from ptspeed.render.sections import build_sections
+from ptspeed.render.templates import REPO_TEMPLATES_DIR, template_environment
 
-REPO_TEMPLATES_DIR = Path(__file__).resolve().parents[3] / "report" / "templates"
 HTML_TEMPLATE = "index.html.j2"
 MARKDOWN_TEMPLATE = "report.md.j2"
 
@@ -53,7 +52,7 @@ def render(
     check_columns(speedups, SPEEDUP_COLUMNS, "speedups")
     if steps is not None:
         check_columns(steps, STEPS_COLUMNS, "steps")
-    environment = template_environment(templates_dir)
+    environment = page_templates(templates_dir)
     inputs = ReportInputs(runs, summary, speedups, config, claims, steps, earlier)
     sections = build_sections(inputs)
     warning = mostly_perturbed(runs)
@@ -73,38 +72,10 @@ def check_columns(frame: pd.DataFrame, required: Sequence[str], name: str) -> No
         raise ValueError(f"{name} table lacks columns: {', '.join(missing)}")
 
 
-def template_environment(templates_dir: str | Path | None = None) -> jinja2.Environment:
-    """Jinja environment over ``templates_dir`` (default: the repository's report/templates)."""
+def page_templates(templates_dir: str | Path | None = None) -> jinja2.Environment:
+    """The project's Jinja environment over ``templates_dir`` (default: the repository's
+    report/templates), which must hold the page's templates."""
     directory = Path(templates_dir) if templates_dir is not None else REPO_TEMPLATES_DIR
     if not (directory / HTML_TEMPLATE).is_file():
         raise FileNotFoundError(f"no report templates in {directory}")
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(directory),
-        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    environment.filters["md"] = markdown_cell
-    environment.filters["units"] = number_units
-    return environment
-
-
-def markdown_cell(text: Any) -> str:
-    """Text safe inside a Markdown table cell: no pipes or line breaks; a cell's links
-    (:class:`~ptspeed.render.tables.LinkedText`) after it as ``[label](href)``."""
-    links = getattr(text, "links", ())
-    shown = str(text) + "".join(f" [{label}]({href})" for label, href in links)
-    return " ".join(shown.split()).replace("|", "\\|")
-
-
-# Where a number cell may break: before an interval, a trial count or the candidate's side.
-_UNIT_BREAK = re.compile(r" (?=\[|\(n=|→)")
-
-
-def number_units(text: Any) -> list[str]:
-    """A number cell's text as the units the page keeps on one line each: the value, its
-    interval, its count (``×2.01 (+101%)``, ``[no interval]``), so that a narrow column of
-    numbers breaks between them and nowhere else."""
-    return _UNIT_BREAK.split(str(text))
+    return template_environment(directory)
