@@ -29,6 +29,7 @@ from helpers import (
     make_record,
     read_page,
     render_tables,
+    settings_of,
 )
 
 from ptspeed.analysis import ranks
@@ -445,9 +446,9 @@ def test_environments_come_from_the_records(markdown: str, html: str) -> None:
 def sections_of(paths: list[Path], config: dict[str, Any] | None = None) -> dict[str, Any]:
     runs, steps = load_tables(paths)
     summary = summary_table(runs)
-    config = config or CONFIG
-    inputs = ReportInputs(runs, summary, speedups(summary, config, CLAIMS, runs),
-                                 config, CLAIMS, steps)  # fmt: skip
+    settings = settings_of(config or CONFIG)
+    inputs = ReportInputs(runs, summary, speedups(summary, settings, CLAIMS, runs),
+                          settings, CLAIMS, steps)  # fmt: skip
     return {s.id: s for s in build_sections(inputs)}
 
 
@@ -575,7 +576,7 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
     for precision, tolerance in TOLERANCES.items():
         assert f"{precision} {tolerance:.0%}" in rows["numerics tolerance"]
     frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
-    sections = build_sections(ReportInputs(*frames, config, CLAIMS))
+    sections = build_sections(ReportInputs(*frames, settings_of(config), CLAIMS))
     [method] = [s for s in sections if s.id == "method"]
     configured = {row[0]: row[1] for row in method.blocks[0].table.rows}
     assert configured["trials per cell"] == "5, each its own process"
@@ -590,7 +591,7 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
 def test_method_section_says_what_three_trials_cannot_do() -> None:
     config = {**CONFIG, "trials": 3}
     frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
-    sections = build_sections(ReportInputs(*frames, config, CLAIMS))
+    sections = build_sections(ReportInputs(*frames, settings_of(config), CLAIMS))
     [method] = [s for s in sections if s.id == "method"]
     configured = {row[0]: row[1] for row in method.blocks[0].table.rows}
     assert configured["speedup interval"].endswith("this run's 3 trials a side give 90.0%")
@@ -601,7 +602,7 @@ def test_method_section_says_what_three_trials_cannot_do() -> None:
 
 def method_rows(config: dict[str, Any]) -> dict[str, str]:
     frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
-    sections = build_sections(ReportInputs(*frames, config, CLAIMS))
+    sections = build_sections(ReportInputs(*frames, settings_of(config), CLAIMS))
     [method] = [s for s in sections if s.id == "method"]
     return {row[0]: row[1] for row in method.blocks[0].table.rows}
 
@@ -676,7 +677,7 @@ def test_every_table_has_a_cell_per_column_aligned_as_its_spec(
     tables: dict[str, pd.DataFrame], html: str, markdown: str
 ) -> None:
     frames = tables["runs"], tables["summary"], tables["speedups"]
-    built = build_sections(ReportInputs(*frames, CONFIG, CLAIMS, tables["steps"]))
+    built = build_sections(ReportInputs(*frames, settings_of(CONFIG), CLAIMS, tables["steps"]))
     shown = [b.table for s in built for b in s.blocks if b.table is not None and b.table.rows]
     # two seed tables, claims, versions, summary, first steps, failures, noisy, environments,
     # method
@@ -736,7 +737,7 @@ def test_captions_are_short_and_the_method_is_in_method(tables: dict[str, pd.Dat
     """What a section and a table are takes a line or two above them; how the numbers are made
     is the Method section's."""
     frames = tables["runs"], tables["summary"], tables["speedups"]
-    built = build_sections(ReportInputs(*frames, CONFIG, CLAIMS, tables["steps"]))
+    built = build_sections(ReportInputs(*frames, settings_of(CONFIG), CLAIMS, tables["steps"]))
     texts = [s.intro for s in built] + [b.note for s in built for b in s.blocks]
     assert max(len(text) for text in texts) <= 230, max(texts, key=len)
     method = {row[0] for row in built[-1].blocks[0].table.rows}

@@ -97,7 +97,7 @@ def test_the_geomean_interval_is_seeded_and_needs_two_models() -> None:
 
 
 def test_the_report_has_a_suite_section_only_where_the_config_has_suites() -> None:
-    inputs = ReportInputs(runs(), summary(), speedups(), CONFIG, {})
+    inputs = ReportInputs(runs(), summary(), speedups(), settings_of(CONFIG), {})
     section = suites_section(inputs)
     assert section is not None and section.title == "Suites"
     (cells,) = section.blocks[0].table.rows
@@ -109,7 +109,9 @@ def test_the_report_has_a_suite_section_only_where_the_config_has_suites() -> No
         "×0.50",
     ]
     plain = {**CONFIG, "models": {"mlp": CONFIG["models"]["mlp"]}}
-    assert suites_section(ReportInputs(runs(), summary(), speedups(), plain, {})) is None
+    assert (
+        suites_section(ReportInputs(runs(), summary(), speedups(), settings_of(plain), {})) is None
+    )
 
 
 def test_the_environments_section_says_where_each_sourced_model_came_from() -> None:

@@ -257,9 +257,7 @@ def cells_of(
     # Only the same platform is compared across runs; a run without platforms is one unnamed.
     known = _known(runs)
     rates = pd.to_numeric(known["throughput_samples_per_s"], errors="coerce")
-    rates = rates.where(
-        counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
-    )
+    rates = rates.where(counted_in_speedups(known, keep_perturbed))
     cells: dict[tuple[Any, ...], dict[str, Any]] = {}
     columns = [known[key].tolist() for key in CELL_KEYS]
     machines = [machine_key(row) for row in known.to_dict("records")]
@@ -319,7 +317,7 @@ def probe_speeds(runs: pd.DataFrame, keep_perturbed: bool = False) -> dict[Machi
     """Per machine key, the machine's speed (1 / probe_s) of each ok trial a cell counts
     (the perturbed left out unless ``keep_perturbed``); trials without probes in no key."""
     known = _known(runs)
-    counted = counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
+    counted = counted_in_speedups(known, keep_perturbed)
     speeds: dict[MachineKey, list[float]] = {}
     for row, use in zip(known.to_dict("records"), counted, strict=True):
         seconds = probe_s(row) if use and row.get("status") == "ok" else math.nan

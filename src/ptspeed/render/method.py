@@ -25,7 +25,7 @@ from ptspeed.cell.measurement.telemetry import (
     NVML_ENERGY_STEP_S,
     NVML_POWER_AVERAGE_S,
 )
-from ptspeed.plan.schema import default_config
+from ptspeed.plan.schema import default_settings
 from ptspeed.render.breakdown import PROFILING_METHOD
 from ptspeed.render.comparison import rule_sentence
 from ptspeed.render.formatting import (
@@ -83,7 +83,8 @@ def environments_section(inputs: ReportInputs) -> Section:
     recorded = runs[~runs["status"].isin(["missing", "unreadable"]) & runs["env"].notna()]
     recorded = recorded.assign(gpu=recorded["device_name"].where(recorded["device_index"].notna()))
     groups = {env: recorded[recorded["env"] == env] for env in sorted(recorded["env"].unique())}
-    rows = _environment_rows(recorded.columns, groups, inputs.config.get("environments") or {})
+    config = config_of(inputs)
+    rows = _environment_rows(recorded.columns, groups, config.get("environments") or {})
     columns = [SETTING, *(Column(env, _of_env(env), wrap=True) for env in groups)]
     records = [{"name": name, "by_env": values} for name, values in rows.items()]
     return Section(
@@ -94,7 +95,7 @@ def environments_section(inputs: ReportInputs) -> Section:
             "disagree; GPU blank on the CPU), with the backend settings they state."
         ),
         blocks=[
-            *platform_blocks(inputs.config, recorded),
+            *platform_blocks(config, recorded),
             Block(table=Table.of(columns, records if groups else [])),
             *source_blocks(recorded),
         ],
@@ -230,9 +231,8 @@ not edit by hand. A report states the same rules at its own run's config.
 
 def method_rules() -> str:
     """The Method section at the default config, as the guide's Markdown page."""
-    config = default_config()
     runs, empty = pd.DataFrame(columns=RUNS_COLUMNS), pd.DataFrame()
-    section = method_section(ReportInputs(runs, empty, empty, config, claims={}))
+    section = method_section(ReportInputs(runs, empty, empty, default_settings(), claims={}))
     tables = [
         markdown_table(["", "how"], [[str(cell) for cell in row] for row in block.table.rows])
         for block in section.blocks
@@ -241,8 +241,13 @@ def method_rules() -> str:
     return "\n".join([METHOD_RULES_HEADER, *tables])
 
 
+def config_of(inputs: ReportInputs) -> Mapping[str, Any]:
+    """The run's config as this section's rules read it: its settings as plain data."""
+    return inputs.settings.to_mapping()
+
+
 def method_section(inputs: ReportInputs) -> Section:
-    config = inputs.config
+    config = config_of(inputs)
     steps = config.get("steps") if isinstance(config.get("steps"), Mapping) else {}
     tolerances = ", ".join(f"{name} {value:.0%}" for name, value in TOLERANCES.items())
     pairs = [

@@ -22,6 +22,7 @@ import pandas as pd
 from ptspeed.analysis.columns import RUNS_COLUMNS, SPEEDUP_COLUMNS, STEPS_COLUMNS, SUMMARY_COLUMNS
 from ptspeed.analysis.conditions import mostly_perturbed
 from ptspeed.cell.files import write_atomic
+from ptspeed.plan.settings import Settings
 from ptspeed.render.page import ReportInputs
 from ptspeed.render.sections import build_sections
 
@@ -34,7 +35,7 @@ def render(
     runs: pd.DataFrame,
     summary: pd.DataFrame,
     speedups: pd.DataFrame,
-    config: Mapping[str, Any],
+    settings: Settings,
     claims: Mapping[str, Any],
     out_dir: str | Path,
     templates_dir: str | Path | None = None,
@@ -54,7 +55,7 @@ def render(
     if steps is not None:
         check_columns(steps, STEPS_COLUMNS, "steps")
     environment = template_environment(templates_dir)
-    inputs = ReportInputs(runs, summary, speedups, config, claims, steps, earlier)
+    inputs = ReportInputs(runs, summary, speedups, settings, claims, steps, earlier)
     sections = build_sections(inputs)
     warning = mostly_perturbed(runs)
     outputs = {"index.html": HTML_TEMPLATE, "report.md": MARKDOWN_TEMPLATE}
