@@ -48,6 +48,7 @@ from ptspeed.analysis.summary import summary_table
 from ptspeed.cell.measurement import probe_work
 from ptspeed.cell.measurement.numerics import TOLERANCES
 from ptspeed.cell.record import write_record
+from ptspeed.plan.settings import Comparison, Side
 from ptspeed.render import figures
 from ptspeed.render.formatting import (
     format_compile_time,
@@ -1082,11 +1083,9 @@ def test_every_figure_label_lies_inside_its_figure(
 
 # --- trials over the run -------------------------------------------------------------------------
 
-DRIFT_COMPARISON = {
-    "title": "a → b",
-    "baseline": {"env": "a", "variant": "eager"},
-    "candidate": {"env": "b", "variant": "eager"},
-}
+DRIFT_COMPARISON = Comparison(
+    title="a → b", baseline=Side(env="a", variant="eager"), candidate=Side(env="b", variant="eager")
+)
 
 
 def drift_runs() -> pd.DataFrame:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from helpers import settings_of
 
 from ptspeed.analysis.suites import geomean, geomean_interval, suite_figures, suite_members
 from ptspeed.render.method import source_blocks
@@ -70,8 +71,9 @@ def runs() -> pd.DataFrame:
 
 
 def test_a_suites_figures_are_the_dashboards() -> None:
-    assert suite_members(CONFIG) == {"tv": ["a", "b", "c", "d"]}
-    figures = suite_figures(speedups(), summary(), runs(), CONFIG)
+    settings = settings_of(CONFIG)
+    assert suite_members(settings) == {"tv": ["a", "b", "c", "d"]}
+    figures = suite_figures(speedups(), summary(), runs(), settings)
     assert len(figures) == 1
     row = figures.iloc[0]
     assert (row.suite, row.comparison, row["mode"], row.models, row.passed) == (

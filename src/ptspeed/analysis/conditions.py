@@ -199,10 +199,10 @@ def judge_runs(runs: pd.DataFrame, run: Settings | None = None) -> pd.DataFrame:
 
 def judgement_rounds(runs: pd.DataFrame, run: Settings | None) -> list[int]:
     """Each row's round (0: a configured trial, ``a``: its ``a``-th rerun, trial number //
-    ``trials``); all 0 without settings (one judgement over every row)."""
-    if "trial" not in runs.columns or run is None:
+    ``trials``); all 0 without settings or their trials (one judgement over every row)."""
+    trials = run.trials if run is not None else None
+    if "trial" not in runs.columns or trials is None:
         return [0] * len(runs)
-    trials = run.trials
     numbers = pd.to_numeric(runs["trial"], errors="coerce")
     return [0 if pd.isna(n) else int(n) // trials for n in numbers]
 

@@ -35,8 +35,11 @@ from ptspeed.plan.settings import Settings
 RERUN_COLUMNS = ["rerun_of", "attempt"]
 
 
-def trial_limit(settings: Settings) -> int:
-    """One past the highest trial number the config can produce, reruns included."""
+def trial_limit(settings: Settings) -> int | None:
+    """One past the highest trial number the config can produce, reruns included (None: the
+    config names no trials)."""
+    if settings.trials is None:
+        return None
     return settings.trials * (1 + settings.conditions.reruns)
 
 
@@ -50,9 +53,9 @@ def reruns_due(runs: pd.DataFrame, settings: Settings, attempt: int) -> list[Cel
     (judged, :func:`ptspeed.analysis.conditions.judge_runs`) marks perturbed, while the
     config's reruns last, but for those whose every rule flagged the attempt they repeat too
     (:func:`stopped_reruns`)."""
-    if attempt >= settings.conditions.reruns:
-        return []
     trials = settings.trials
+    if trials is None or attempt >= settings.conditions.reruns:
+        return []
     stopped = {(key, trial) for key, trial, _ in stopped_reruns(runs, settings)}
     due = []
     for cell, trial, kinds in _perturbed_trials(runs, trials):
@@ -66,9 +69,9 @@ def stopped_reruns(
 ) -> list[tuple[str, int, list[str]]]:
     """The reruns perturbed again by the same rule: (cell key, trial number, the rules that
     flagged both it and the attempt it repeats), for each rerun all of whose rules did."""
-    if settings is None or "record_path" not in runs.columns:
+    trials = settings.trials if settings is not None else None
+    if trials is None or "record_path" not in runs.columns:
         return []
-    trials = settings.trials
     flagged = {(cell.key, trial): kinds for cell, trial, kinds in _perturbed_trials(runs, trials)}
     stopped = []
     for (key, trial), kinds in flagged.items():
@@ -114,16 +117,17 @@ def _perturbed_trials(runs: pd.DataFrame, trials: int) -> list[tuple[Cell, int, 
 
 def rerun_columns(runs: pd.DataFrame, settings: Settings | None) -> pd.DataFrame:
     """``runs`` with ``attempt`` (0: a configured trial) and ``rerun_of`` (the configured trial
-    a rerun repeats; blank for the configured trials themselves; without settings, every
-    trial a configured one)."""
+    a rerun repeats; blank for the configured trials themselves; without settings or their
+    trials, every trial a configured one)."""
     runs = runs.copy()
     numbers = pd.to_numeric(runs["trial"], errors="coerce").astype("Int64")
-    if settings is None:
+    trials = settings.trials if settings is not None else None
+    if trials is None:
         runs["attempt"] = pd.array([0 if pd.notna(n) else pd.NA for n in numbers], "Int64")
         runs["rerun_of"] = pd.array([pd.NA] * len(runs), "Int64")
         return runs
-    runs["attempt"] = numbers // settings.trials
-    runs["rerun_of"] = (numbers % settings.trials).where(runs["attempt"] > 0)
+    runs["attempt"] = numbers // trials
+    runs["rerun_of"] = (numbers % trials).where(runs["attempt"] > 0)
     return runs
 
 

@@ -410,8 +410,10 @@ def uncounted(trials: Sequence[_Trial], settings: Settings) -> str:
     """Why a cell counted fewer trials than the config's ``trials``: per configured trial that
     none of its attempts (:mod:`ptspeed.analysis.reruns`) counts, what its last attempt was —
     perturbed, by which rule and why it was not run again, or its status; '' where every
-    configured trial counts."""
+    configured trial counts (or the config names no trials)."""
     configured = settings.trials
+    if configured is None:
+        return ""
     counted = {t.number % configured for t in trials if t.counted and t.number >= 0}
     if len(counted) >= configured or sum(t.counted for t in trials) >= configured:
         return ""

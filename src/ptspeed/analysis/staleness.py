@@ -82,8 +82,8 @@ def _outside_matrix(cell: Mapping[str, Any], settings: Settings) -> list[str]:
         problems.append(f"platform {platform} is not in the config's platforms")
     if cell.get("mode") not in settings.modes:
         problems.append(f"mode {cell.get('mode')} is not in the config's modes")
-    trial = cell.get("trial")
-    if _is_int(trial) and not 0 <= trial < trial_limit(settings):
+    trial, limit = cell.get("trial"), trial_limit(settings)
+    if _is_int(trial) and limit is not None and not 0 <= trial < limit:
         problems.append(
             f"trial {trial} is outside the config's {settings.trials} trials and their "
             f"{settings.conditions.reruns} reruns"

@@ -67,9 +67,13 @@ def default_config() -> dict[str, Any]:
 
 def settings_from(mapping: Mapping[str, Any]) -> Settings:
     """The settings of an already validated config (the effective config a script reads,
-    an older snapshot of it), the schema's defaults filling what it lacks."""
+    an older snapshot of it), the schema's defaults filling what it lacks but its ``trials``:
+    a config that names none (one written for the tables alone) has no count of trials to
+    judge its records by (``trials`` None), rather than the planner's default."""
     filled = copy.deepcopy(dict(mapping))
     fill_defaults(filled, load_schema())
+    if "trials" not in mapping:
+        filled["trials"] = None
     return Settings.from_mapping(filled)
 
 

@@ -272,7 +272,7 @@ class Settings(_Plain):
     results: str
     env_cache: str
     device: str
-    trials: int
+    trials: int | None  # None: a config read for the tables that names none (see settings_from)
     threads: int
     steps: Steps
     timeout_s: float
