@@ -131,7 +131,7 @@ def driver_refusals(platforms):
 # The cluster's GPU types, and the environments that carry no code for one's GPU or need a
 # newer driver than this node's.
 with config_errors():
-    PLATFORM_PLAN = platform_plan(SETTINGS, environment_codes(config, Path.cwd()))
+    PLATFORM_PLAN = platform_plan(SETTINGS, environment_codes(SETTINGS, Path.cwd()))
 PLATFORM_PLAN = replace(
     PLATFORM_PLAN,
     cannot_run={
