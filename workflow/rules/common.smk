@@ -89,10 +89,8 @@ def in_apptainer():
 IN_APPTAINER = in_apptainer()
 if workflow.is_main_process:
     with config_errors():
-        check_container_config(config, IN_APPTAINER)
-REALISATION = Realisation(
-    config, DEVICE_CLASS, IN_APPTAINER, Path(workflow.basedir), Path.cwd()
-)
+        check_container_config(SETTINGS, IN_APPTAINER)
+REALISATION = Realisation(SETTINGS, IN_APPTAINER, Path(workflow.basedir), Path.cwd())
 CONTAINERS = REALISATION.containers
 # Environments whose record rule build_env writes, and those of images a site brings, whose
 # record rule brought_image reads from inside the image. An empty pattern would be no
@@ -119,7 +117,7 @@ def driver_refusals(platforms):
         return {}
     driver = nvidia_driver_version()
     refused = (
-        REALISATION.driver_refusals(config["environments"], driver) if driver else {}
+        REALISATION.driver_refusals(SETTINGS.environments, driver) if driver else {}
     )
     return {
         (platform.name, env): reason
