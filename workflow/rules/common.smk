@@ -152,7 +152,7 @@ def gpu_limit():
 
 if workflow.is_main_process:
     with config_errors():
-        check_cluster(config["cluster"], ON_SCHEDULER, config["platforms"])
+        check_cluster(SETTINGS, ON_SCHEDULER)
     with config_errors(""):
         check_gpu_limit(gpu_limit(), DEVICE_CLASS == "cuda", ON_SCHEDULER)
     if DEVICE_CLASS == "cuda" and not ON_SCHEDULER:
@@ -198,7 +198,7 @@ def cluster_gpu_request(key):
 ONE_NODE = {"nodes": 1} if ON_SCHEDULER else {}
 with config_errors():
     CELL_JOB_RESOURCES = {
-        **cell_job_resources(PLATFORM_PLAN, slurm_resources(config["cluster"])),
+        **cell_job_resources(PLATFORM_PLAN, slurm_resources(SETTINGS.cluster)),
         **cell_gpu_resources(),
         **ONE_NODE,
     }
@@ -328,7 +328,7 @@ def cell_threads(wildcards):
     # Snakemake refuses to tell a cluster run's cores: a job's CPUs are the cluster block's.
     cores = 0 if ON_SCHEDULER else workflow.cores
     return cpus_per_cell(
-        config["threads"], config["cluster"], ON_SCHEDULER, cores, gpus, gpu_limit()
+        SETTINGS.threads, SETTINGS.cluster, ON_SCHEDULER, cores, gpus, gpu_limit()
     )
 
 
