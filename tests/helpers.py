@@ -39,6 +39,8 @@ from ptspeed.cell.record_window import Metrics
 from ptspeed.cell.schema import json_schema
 from ptspeed.envs.venvs import build_venv, venv_python
 from ptspeed.models import Batch, ModelSpec, Sizes
+from ptspeed.plan.schema import settings_from
+from ptspeed.plan.settings import Settings
 from ptspeed.render.formatting import (
     format_int,
     format_published,
@@ -249,6 +251,14 @@ def read_valid_record(path: Path) -> Record:
     return Record.from_dict(data)
 
 
+def settings_of(config: dict[str, Any], device: str | None = None) -> Settings:
+    """The settings of a test's config over :data:`CONFIG` (the matrix a config without its
+    own environments, models, variants or comparisons keeps), the schema's defaults filling
+    the rest (``device``: the device class the planner resolved, in place of the config's)."""
+    given = {**CONFIG, **config}
+    return settings_from({**given, "device": device} if device else given)
+
+
 def files_in(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
@@ -435,7 +445,7 @@ def render_tables(tables: dict[str, pd.DataFrame], out_dir: Path, **kwargs: Any)
         tables["runs"],
         tables["summary"],
         tables["speedups"],
-        kwargs.pop("config", CONFIG),
+        settings_of(kwargs.pop("config", CONFIG)),
         kwargs.pop("claims", CLAIMS),
         out_dir,
         steps=tables.get("steps"),

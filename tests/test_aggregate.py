@@ -18,12 +18,13 @@ from helpers import (
     aggregate_cli,
     make_record,
     run_aggregate_script,
+    settings_of,
     write_fixture_records,
     write_inputs,
 )
 
 from ptspeed.analysis import ranks, stats
-from ptspeed.analysis.aggregate import load_records, load_tables
+from ptspeed.analysis.aggregate import load_records, load_tables, read_settings
 from ptspeed.analysis.claims import verdict
 from ptspeed.analysis.columns import (
     COMPILER_COLUMNS,
@@ -37,7 +38,6 @@ from ptspeed.analysis.columns import (
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import coefficient_of_variation, summary_table
 from ptspeed.cell.record import write_record
-from ptspeed.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -248,7 +248,7 @@ def test_no_records_give_empty_frames_with_their_columns() -> None:
     summary = summary_table(runs)
     assert list(summary.columns) == SUMMARY_COLUMNS
     assert summary.empty
-    frame = speedups(summary, CONFIG, CLAIMS, runs)
+    frame = speedups(summary, settings_of(CONFIG), CLAIMS, runs)
     assert len(frame) == 2 * 3
     assert set(frame["verdict"]) == {"not measured"}
     assert set(frame["verdict_reason"]) == {
@@ -345,10 +345,14 @@ def test_summary_and_speedups_carry_what_the_compiler_did(tmp_path: Path) -> Non
     assert compiled["graph_break_reasons"] == "print; data-dependent branch; len of a tensor"
     eager = summary_row(summary, "torch-1.13", "resnet50", "eager")
     assert eager[counts].isna().all() and eager["graph_break_reasons"] == ""
-    row = speedup_row(speedups(summary, CONFIG, CLAIMS, runs), "upgrade-and-compile", "resnet50")
+    row = speedup_row(
+        speedups(summary, settings_of(CONFIG), CLAIMS, runs), "upgrade-and-compile", "resnet50"
+    )
     assert [row[f"candidate_{c}"] for c in COMPILER_COLUMNS] == compiled[COMPILER_COLUMNS].tolist()
     assert all(math.isnan(row[f"baseline_{c}"]) for c in counts)
-    missing = speedup_row(speedups(summary, CONFIG, CLAIMS, runs), "upgrade-and-compile", "gpt2")
+    missing = speedup_row(
+        speedups(summary, settings_of(CONFIG), CLAIMS, runs), "upgrade-and-compile", "gpt2"
+    )
     assert math.isnan(missing["candidate_median_graph_breaks"])  # no cell: blank, not an error
 
 
@@ -361,7 +365,7 @@ def test_cv_needs_two_values() -> None:
 
 
 def test_speedups_rows_follow_the_config(runs: pd.DataFrame) -> None:
-    frame = speedups(summary_table(runs), CONFIG, CLAIMS, runs)
+    frame = speedups(summary_table(runs), settings_of(CONFIG), CLAIMS, runs)
     assert list(frame.columns) == SPEEDUP_COLUMNS
     assert list(zip(frame["comparison"], frame["model"], frame["mode"], strict=True)) == [
         (comparison, model, "train")
@@ -371,7 +375,7 @@ def test_speedups_rows_follow_the_config(runs: pd.DataFrame) -> None:
 
 
 def test_speedup_is_the_ratio_of_the_medians(runs: pd.DataFrame) -> None:
-    frame = speedups(summary_table(runs), CONFIG, CLAIMS, runs)
+    frame = speedups(summary_table(runs), settings_of(CONFIG), CLAIMS, runs)
     row = speedup_row(frame, "upgrade-and-compile", "resnet50")
     # The batch-64 baseline record (999 samples/s) is not at the configured cpu size.
     assert (row["batch_size"], row["image_size"]) == (8, 96)
@@ -389,7 +393,7 @@ def test_speedup_is_the_ratio_of_the_medians(runs: pd.DataFrame) -> None:
 
 
 def test_speedup_and_interval_are_the_stats_modules_of_the_ok_trials(runs: pd.DataFrame) -> None:
-    frame = speedups(summary_table(runs), CONFIG, CLAIMS, runs)
+    frame = speedups(summary_table(runs), settings_of(CONFIG), CLAIMS, runs)
     row = speedup_row(frame, "upgrade-and-compile", "resnet50")
     expected = ranks.speedup([100.0, 120.0, 110.0], [150.0, 180.0])
     assert row["speedup"] == expected.estimate
@@ -408,7 +412,9 @@ def test_speedup_and_interval_are_the_stats_modules_of_the_ok_trials(runs: pd.Da
 
 def test_without_runs_there_is_no_interval_and_no_claim_verdict(runs: pd.DataFrame) -> None:
     row = speedup_row(
-        speedups(summary_table(runs), CONFIG, CLAIMS), "upgrade-and-compile", "resnet50"
+        speedups(summary_table(runs), settings_of(CONFIG), CLAIMS),
+        "upgrade-and-compile",
+        "resnet50",
     )
     assert row["speedup"] == 165.0 / 110.0
     assert math.isnan(row["speedup_low"]) and math.isnan(row["p_value"])
@@ -420,7 +426,7 @@ def test_without_runs_there_is_no_interval_and_no_claim_verdict(runs: pd.DataFra
 
 def test_one_trial_side_has_no_interval(runs: pd.DataFrame) -> None:
     claims = {"pytorch-2.0-upgrade": {"models": {"bert-base": {"speedup": 2.0}}}}
-    frame = speedups(summary_table(runs), CONFIG, claims, runs)
+    frame = speedups(summary_table(runs), settings_of(CONFIG), claims, runs)
     row = speedup_row(frame, "upgrade-and-compile", "bert-base")  # 10, 12 -> 22
     assert row["speedup"] == pytest.approx(math.sqrt(22 / 10 * 22 / 12))  # Hodges–Lehmann
     assert math.isnan(row["speedup_low"]) and math.isnan(row["speedup_high"])
@@ -441,7 +447,9 @@ def test_claim_made_on_a_gpu_is_not_measured_on_a_cpu(runs: pd.DataFrame) -> Non
         }
     }
     row = speedup_row(
-        speedups(summary_table(runs), CONFIG, claims, runs), "upgrade-and-compile", "resnet50"
+        speedups(summary_table(runs), settings_of(CONFIG), claims, runs),
+        "upgrade-and-compile",
+        "resnet50",
     )
     assert not math.isnan(row["speedup_low"])  # measured, with an interval, yet not comparable
     assert (row["claim_device"], row["claim_precision"]) == ("NVIDIA A100", "fp32")
@@ -450,7 +458,7 @@ def test_claim_made_on_a_gpu_is_not_measured_on_a_cpu(runs: pd.DataFrame) -> Non
         "claimed on NVIDIA A100; this run measured on Test CPU (cpu)",
     )
     on_gpu = speedup_row(
-        speedups(summary_table(runs), {**CONFIG, "device": "cuda"}, claims, runs),
+        speedups(summary_table(runs), settings_of({**CONFIG, "device": "cuda"}), claims, runs),
         "upgrade-and-compile",
         "resnet50",
     )
@@ -467,7 +475,7 @@ def test_claimed_model_not_in_the_matrix_gets_a_not_measured_row(runs: pd.DataFr
             "models": {**CLAIMS["pytorch-2.0-upgrade"]["models"], "mask-rcnn": {"speedup": 1.4}}
         }
     }
-    frame = speedups(summary_table(runs), CONFIG, claims, runs)
+    frame = speedups(summary_table(runs), settings_of(CONFIG), claims, runs)
     assert len(frame) == 2 * 3 + 1
     row = speedup_row(frame, "upgrade-and-compile", "mask-rcnn")
     assert frame.index[frame["model"] == "mask-rcnn"][0] == 3  # after the comparison's models
@@ -482,7 +490,9 @@ def test_claimed_model_not_in_the_matrix_gets_a_not_measured_row(runs: pd.DataFr
 
 def test_missing_side_is_not_measured(runs: pd.DataFrame) -> None:
     row = speedup_row(
-        speedups(summary_table(runs), CONFIG, CLAIMS, runs), "upgrade-and-compile", "gpt2"
+        speedups(summary_table(runs), settings_of(CONFIG), CLAIMS, runs),
+        "upgrade-and-compile",
+        "gpt2",
     )
     assert row["baseline_samples_per_s"] == 40.0
     assert math.isnan(row["candidate_samples_per_s"])
@@ -495,7 +505,7 @@ def test_missing_side_is_not_measured(runs: pd.DataFrame) -> None:
 
 
 def test_model_not_in_claims_group_is_measured(runs: pd.DataFrame) -> None:
-    frame = speedups(summary_table(runs), CONFIG, CLAIMS, runs)
+    frame = speedups(summary_table(runs), settings_of(CONFIG), CLAIMS, runs)
     row = speedup_row(frame, "upgrade-and-compile", "bert-base")
     assert row["speedup"] == pytest.approx(math.sqrt(22 / 10 * 22 / 12))
     assert math.isnan(row["published_speedup"])
@@ -505,7 +515,9 @@ def test_model_not_in_claims_group_is_measured(runs: pd.DataFrame) -> None:
 
 def test_comparison_without_claim(runs: pd.DataFrame) -> None:
     row = speedup_row(
-        speedups(summary_table(runs), CONFIG, CLAIMS, runs), "compile-alone", "resnet50"
+        speedups(summary_table(runs), settings_of(CONFIG), CLAIMS, runs),
+        "compile-alone",
+        "resnet50",
     )
     assert row["speedup"] == pytest.approx(math.sqrt(150.0 * 180.0) / 132.0)  # Hodges–Lehmann
     assert row["claim"] == ""
@@ -519,7 +531,9 @@ def test_comparison_without_claim(runs: pd.DataFrame) -> None:
 def test_unresolved_device_uses_the_size_both_sides_share(runs: pd.DataFrame) -> None:
     config = {**CONFIG, "device": "auto"}
     row = speedup_row(
-        speedups(summary_table(runs), config, CLAIMS), "upgrade-and-compile", "resnet50"
+        speedups(summary_table(runs), settings_of(config), CLAIMS),
+        "upgrade-and-compile",
+        "resnet50",
     )
     assert row["batch_size"] == 8
     assert row["speedup"] == 165.0 / 110.0
@@ -528,17 +542,20 @@ def test_unresolved_device_uses_the_size_both_sides_share(runs: pd.DataFrame) ->
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"models": {}, "modes": ["train"]}, "'comparisons' is missing"),
-        ({**CONFIG, "modes": "train"}, "'modes' is missing or not a list"),
+        ({"models": {}, "modes": ["train"]}, "KeyError: 'environments'"),
         (
             {**CONFIG, "comparisons": {"x": {"baseline": {"env": "a"}, "candidate": {}}}},
-            "comparison 'x': 'baseline' needs env and variant",
+            "KeyError: 'variant'",
         ),
     ],
 )
-def test_bad_config_raises_config_error(config: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
-        speedups(summary_table(load_records([])), config, CLAIMS)
+def test_a_config_the_tables_cannot_read_is_one_error(
+    tmp_path: Path, config: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(ValueError, match=f"^{path}: not a ptspeed config \\({message}"):
+        read_settings(path)
 
 
 # --- verdicts on constructed rows --------------------------------------------------------------

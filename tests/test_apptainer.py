@@ -11,6 +11,7 @@ to come from inside its image.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from helpers import (
     ROOT,
     USER_MODEL_MODULE,
     host_ca_bundle,
+    settings_of,
     small_disk,
     snakemake,
     write_config,
@@ -67,6 +69,7 @@ from ptspeed.envs.engine_calls import (
 )
 from ptspeed.envs.image_references import digest_of, without_tag
 from ptspeed.errors import ConfigError, ContainerError
+from ptspeed.plan.settings import Containers
 
 EMULATOR_DIR = ROOT / "tests" / "fixtures" / "apptainer-emulator"
 EMULATOR = EMULATOR_DIR / "apptainer"
@@ -190,15 +193,20 @@ def test_singularity_builds_and_runs_the_images_where_apptainer_is_absent(tmp_pa
     assert "Traceback" not in done.stdout
 
 
+def containers_of(**given: Any) -> Containers:
+    """The containers settings of ``given``, the schema's defaults filling the rest."""
+    return settings_of({"containers": given}).containers
+
+
 def test_the_sif_is_made_by_the_command_found(tmp_path: Path) -> None:
     found = {"singularity": "/usr/bin/singularity"}.get
-    settings = {"images": "build", "builder": "auto"}
+    settings = containers_of(images="build", builder="auto")
     plan = plan_sif(settings, lambda _: False, found, lambda _: "singularity-ce version 4.1.5")
     assert plan == SifPlan("definition", command="singularity")
     spec = BuildSpec("torch-2.0", ROOT / "envs/torch-2.0.txt", "3.10", "t")
     (command,) = sif_commands(plan, tmp_path / "x.sif", spec, ROOT)
     assert command[:3] == ["singularity", "build", "--force"]
-    pulled = plan_sif({"images": "pull", "builder": "auto"}, bool, found)
+    pulled = plan_sif(containers_of(images="pull", builder="auto"), bool, found)
     (pull,) = sif_commands(pulled, tmp_path / "x.sif", None, ROOT, reference=f"docker://r@{DIGEST}")
     assert pull[0] == "singularity"
     with pytest.raises(ConfigError, match=r"^containers: singularity here is 'no --version'"):
@@ -214,12 +222,12 @@ def test_the_sif_is_made_by_the_command_found(tmp_path: Path) -> None:
     ],
 )
 def test_builder_preference(available: set[str], source: str, engine: str | None) -> None:
-    settings = {"images": "build", "builder": "auto"}
+    settings = containers_of(images="build", builder="auto")
     plan = plan_sif(settings, available.__contains__, lambda n: n if n in available else None)
     assert (plan.source, plan.engine) == (source, engine)
     with pytest.raises(ConfigError, match=r"^containers: nothing here builds"):
         plan_sif(settings, lambda _: False, lambda _: None)
-    assert plan_sif({"images": "pull", "builder": "auto"}, bool).source == "registry"
+    assert plan_sif(containers_of(images="pull", builder="auto"), bool).source == "registry"
 
 
 def test_podman_that_cannot_run_is_not_chosen(
@@ -234,10 +242,10 @@ def test_podman_that_cannot_run_is_not_chosen(
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert not engine_usable("podman")
     apptainer = {"apptainer": "/usr/bin/apptainer"}.get
-    settings = {"images": "build", "builder": "auto"}
+    settings = containers_of(images="build", builder="auto")
     assert plan_sif(settings, engine_usable, apptainer).source == "definition"
     with pytest.raises(ConfigError, match=r"^containers.builder: podman is not on PATH or cannot"):
-        plan_sif({**settings, "builder": "podman"}, engine_usable, apptainer)
+        plan_sif(dataclasses.replace(settings, builder="podman"), engine_usable, apptainer)
 
 
 ROOTLESS_MAPS = {
@@ -261,12 +269,12 @@ def test_podman_whose_user_namespace_maps_one_id_is_not_chosen(
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert engine_usable("podman") is usable
-    settings = {"images": "build", "builder": "auto"}
+    settings = containers_of(images="build", builder="auto")
     plan = plan_sif(settings, engine_usable, {"apptainer": "/usr/bin/apptainer"}.get)
     assert plan.source == ("image" if usable else "definition")
     if not usable:
         with pytest.raises(ConfigError, match=r"its user namespace maps one user ID"):
-            plan_sif({**settings, "builder": "podman"}, engine_usable)
+            plan_sif(dataclasses.replace(settings, builder="podman"), engine_usable)
 
 
 @pytest.mark.workflow
@@ -451,10 +459,10 @@ def test_an_image_a_site_brings_is_pinned_or_a_file(image: str, refused: str) ->
         "environments": {"site": {"kind": "image", "image": image}},
     }
     if not refused:
-        check_container_config(config, in_apptainer=True)
+        check_container_config(settings_of(config), in_apptainer=True)
         return
     with pytest.raises(ConfigError, match=rf"^environments\.site\.image: .* {refused}"):
-        check_container_config(config, in_apptainer=True)
+        check_container_config(settings_of(config), in_apptainer=True)
 
 
 NGC_CONFIG = ROOT / "config" / "ngc-hopper.yaml"

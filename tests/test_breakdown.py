@@ -12,7 +12,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from helpers import TABLE_NAMES, aggregate_cli, benchmark_python, fixture_paths, render_tables
+from helpers import (
+    TABLE_NAMES,
+    aggregate_cli,
+    benchmark_python,
+    fixture_paths,
+    render_tables,
+    settings_of,
+)
 
 from ptspeed.analysis import breakdown as tables
 from ptspeed.analysis.columns import read_table
@@ -24,6 +31,7 @@ from ptspeed.cell.record import CellSpec
 from ptspeed.launch.watchdog import run_cell_in_worker
 from ptspeed.plan.layout import Cell
 from ptspeed.plan.matrix import profiled_steps
+from ptspeed.plan.schema import default_config
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
 
@@ -383,9 +391,11 @@ def test_the_breakdown_comes_from_a_quiet_trial_and_says_when_there_was_none() -
 
 
 def test_the_first_trial_and_its_reruns_profile_and_no_other() -> None:
-    config = {"steps": {"profiled": 3}, "trials": 5, "results": "results"}
+    settings = settings_of(
+        {**default_config(), "steps": {"profiled": 3}, "trials": 5, "results": "results"}
+    )
     profiled = {
-        trial: profiled_steps(config, Cell("host", "mlp", "eager", "train", "b16", trial=trial))
+        trial: profiled_steps(settings, Cell("host", "mlp", "eager", "train", "b16", trial=trial))
         for trial in (0, 1, 4, 5, 6, 10)
     }
     assert [trial for trial, fields in profiled.items() if fields] == [0, 5, 10]

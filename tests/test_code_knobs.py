@@ -400,7 +400,8 @@ def config_with(variants: dict[str, str], results: Path) -> dict[str, Any]:
 
 
 def test_the_config_takes_the_new_knobs(tmp_path: Path) -> None:
-    assert prepare_config(config_with(NEW_VARIANTS, tmp_path), lambda device: "cpu") == "cpu"
+    settings = prepare_config(config_with(NEW_VARIANTS, tmp_path), lambda device: "cpu")
+    assert settings.device == "cpu"
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import TOOLS, load_script, write_fixture_records
+from helpers import TOOLS, load_script, settings_of, write_fixture_records
 
 from ptspeed.analysis import ranks, stats
 from ptspeed.analysis.aggregate import load_tables
@@ -565,10 +565,12 @@ def test_the_defaults_are_the_compared_runs_own_config(
 
 
 def test_the_rule_is_said_with_the_numbers_it_uses() -> None:
-    rule = Rule.of({"compare": {"min_effect": 0.1}, "conditions": {"min_window_s": 2.0}})
+    rule = Rule.of(
+        settings_of({"compare": {"min_effect": 0.1}, "conditions": {"min_window_s": 2.0}})
+    )
     assert rule == Rule(0.1, AA_SPREAD, 2.0)
     sentence = rule_sentence(rule)
     assert "beyond the minimum effect 10%" in sentence
     assert "±5% two runs of identical code differ by" in sentence
     assert sentence.endswith("no change is called in windows under 2 s")
-    assert "minimum effect 5%" in rule_sentence(Rule.of({}))
+    assert "minimum effect 5%" in rule_sentence(Rule.of(settings_of({})))

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 import pytest
 import torch
-from helpers import HOSTS, ROOT, snakemake, write_config
+from helpers import HOSTS, ROOT, settings_of, snakemake, write_config
 
 from ptspeed.analysis import ranks
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE, read_table
@@ -217,7 +217,8 @@ QUIET = {
 
 
 def judged(*rows: dict[str, Any], config: dict[str, Any] | None = None) -> pd.DataFrame:
-    return judge_runs(pd.DataFrame([{**QUIET, **row} for row in rows]), config)
+    settings = settings_of(config) if config is not None else None
+    return judge_runs(pd.DataFrame([{**QUIET, **row} for row in rows]), settings)
 
 
 @pytest.mark.parametrize(
@@ -337,7 +338,7 @@ def judged_trials(
 
 
 def test_each_perturbed_trial_of_a_round_is_run_again_as_the_next_rounds_trial() -> None:
-    config = {"trials": 3, "conditions": {"reruns": 2}}
+    config = settings_of({"trials": 3, "conditions": {"reruns": 2}})
     # round 0: trials 0-2; round 1: 3-5 (trial 4 = trial 1's rerun, perturbed by another rule)
     runs = judged_trials(1, 2, trials=6, also={4: {"gpu_other_processes": 2}})
     assert [c.path for c in reruns_due(runs, config, 0)] == [
@@ -352,7 +353,7 @@ def test_each_perturbed_trial_of_a_round_is_run_again_as_the_next_rounds_trial()
 def test_a_rerun_perturbed_again_by_the_same_rule_is_not_run_again_and_said_once() -> None:
     """The rule, not the machine: issue 36's probe flagged every torch-1.13 trial however
     often it ran."""
-    config = {"trials": 3, "conditions": {"reruns": 2}}
+    config = settings_of({"trials": 3, "conditions": {"reruns": 2}})
     runs = judged_trials(1, 2, 4, trials=6)  # trial 4 (trial 1's rerun): the same rule again
     assert reruns_due(runs, config, 1) == []
     assert stopped_reruns(runs, config) == [
@@ -368,18 +369,22 @@ def test_a_rerun_perturbed_again_by_the_same_rule_is_not_run_again_and_said_once
 
 def test_no_reruns_when_the_config_says_none() -> None:
     assert (
-        reruns_due(judged_trials(0, 1, trials=2), {"trials": 2, "conditions": {"reruns": 0}}, 0)
+        reruns_due(
+            judged_trials(0, 1, trials=2),
+            settings_of({"trials": 2, "conditions": {"reruns": 0}}),
+            0,
+        )
         == []
     )
 
 
 def test_the_tables_tell_a_rerun_from_the_trial_it_repeats() -> None:
-    runs = rerun_columns(judged_trials(trials=7), {"trials": 3})
+    runs = rerun_columns(judged_trials(trials=7), settings_of({"trials": 3}))
     assert runs["attempt"].tolist() == [0, 0, 0, 1, 1, 1, 2]
     assert runs["rerun_of"].tolist()[:3] == [pd.NA] * 3
     assert runs["rerun_of"].tolist()[3:] == [0, 1, 2, 0]
     assert rerun_count(runs["attempt"]) == 4
-    assert trial_limit({"trials": 3, "conditions": {"reruns": 2}}) == 9
+    assert trial_limit(settings_of({"trials": 3, "conditions": {"reruns": 2}})) == 9
 
 
 # --- a real run, perturbed on purpose ------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import examples
+from helpers import examples, settings_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +54,8 @@ def cpu_unless_asked(requested: str) -> str:
 
 
 def prepare(raw: Any, config_files: tuple[Path, ...] = ()) -> str:
-    return prepare_config(raw, cpu_unless_asked, ROOT, config_files)
+    """The device class of the settings of ``raw``, which is checked and filled in place."""
+    return prepare_config(raw, cpu_unless_asked, ROOT, config_files).device
 
 
 def refusal(raw: Any) -> str:
@@ -134,7 +135,7 @@ def test_a_partial_steps_block_gets_the_missing_steps() -> None:
 
 def test_device_auto_is_resolved_by_the_detector() -> None:
     config = changed("device", "auto")
-    assert prepare_config(config, lambda requested: "cpu", ROOT) == "cpu"
+    assert prepare_config(config, lambda requested: "cpu", ROOT).device == "cpu"
     assert config["device"] == "auto"  # the effective config records the class separately
 
 
@@ -402,8 +403,9 @@ def test_every_cell_of_an_accepted_config_runs(config: dict[str, Any]) -> None:
     except ConfigError as exc:
         assert is_one_line(str(exc)) and names_a_key(str(exc), config), str(exc)
         return
-    for cell in cells(config, device_class):
-        spec = cell_spec(config, cell, device_class, threads=1)
+    settings = settings_of(config, device_class)
+    for cell in cells(settings):
+        spec = cell_spec(settings, cell, threads=1)
         parsed = from_arguments(to_arguments(spec, config["oom_retry"]))
         assert parsed == spec
         check_cell(parsed)

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import BIN, CI_BASE_IMAGE, PLAN_TIMEOUT_S, ROOT, host_ca_bundle, write_config
+from helpers import (
+    BIN,
+    CI_BASE_IMAGE,
+    PLAN_TIMEOUT_S,
+    ROOT,
+    host_ca_bundle,
+    settings_of,
+    write_config,
+)
 from helpers import snakemake as run_snakemake
 
 from ptspeed.cell import provenance
@@ -359,7 +367,7 @@ def test_container_config_errors_name_the_key(tmp_path: Path, change: Any, messa
     change(config)
     fill_defaults(config, load_schema())
     with pytest.raises(ConfigError) as error:
-        check_container_config(config)
+        check_container_config(settings_of(config))
     assert str(error.value).startswith(message)
     assert "\n" not in str(error.value)
 

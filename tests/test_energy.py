@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import CONFIG, make_record, read_page, render_tables
+from helpers import CONFIG, make_record, read_page, render_tables, settings_of
 
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.speedups import speedups
@@ -39,9 +39,9 @@ def tables(tmp_path: Path, energy: bool) -> tuple:
         path = tmp_path / f"{env}-{variant}-{trial}.json"
         write_record(record, path)
         paths.append(path)
-    runs, _ = load_tables(paths, CONFIG)
+    runs, _ = load_tables(paths, settings_of(CONFIG))
     summary = summary_table(runs)
-    return runs, summary, speedups(summary, CONFIG, runs=runs)
+    return runs, summary, speedups(summary, settings_of(CONFIG), runs=runs)
 
 
 def test_energy_per_sample_is_summarised_and_compared(tmp_path: Path) -> None:

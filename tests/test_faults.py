@@ -35,6 +35,7 @@ from helpers import (
     ok,
     planned_outputs,
     read_valid_record,
+    settings_of,
     snakemake,
     tool,
     write_config,
@@ -359,7 +360,7 @@ def test_records_of_an_older_config_are_stale_not_counted(
     config["steps"]["measured"] = 3
     config["variants"]["eager"] = "eager+channels_last"
     paths = [record_path(results, env, trial) for env in ("host", "host-b") for trial in (0, 1)]
-    runs, steps = load_tables(paths, config)
+    runs, steps = load_tables(paths, settings_of(config))
     assert list(runs["status"]) == ["stale"] * 4
     assert steps.empty
     reason = runs["reason"].iloc[0]
@@ -370,7 +371,8 @@ def test_records_of_an_older_config_are_stale_not_counted(
     summary = summary_table(runs)
     assert set(summary["ok_trials"]) == {0}
     assert set(summary["statuses"]) == {"stale:2"}
-    report.render(runs, summary, speedups(summary, config, {}, runs), config, {}, tmp_path)
+    settings = settings_of(config)
+    report.render(runs, summary, speedups(summary, settings, {}, runs), settings, {}, tmp_path)
     text = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "Records by status: stale:4." in text
     assert text.count("stale record, not counted") == 4
@@ -441,15 +443,15 @@ PATH_CELL = cell_from_path("r/records/host/mlp/eager/train/b16/trial0.json")
     ],
 )  # fmt: skip
 def test_stale_reason(changes: dict[str, Any], reason: str) -> None:
-    found = stale_reason(host_cell(**changes), PATH_CELL, STALE_CONFIG)
+    found = stale_reason(host_cell(**changes), PATH_CELL, settings_of(STALE_CONFIG))
     assert reason in found if reason else found == ""
 
 
 def test_a_rerun_of_a_perturbed_trial_is_a_trial_of_the_matrix() -> None:
     """Trial 5 is the second rerun of trial 1 (2 trials, conditions.reruns 2 by default)."""
     rerun = host_cell(trial=5)
-    assert stale_reason(rerun, {**PATH_CELL, "trial": 5}, STALE_CONFIG) == ""
-    no_reruns = {**STALE_CONFIG, "conditions": {"reruns": 0}}
+    assert stale_reason(rerun, {**PATH_CELL, "trial": 5}, settings_of(STALE_CONFIG)) == ""
+    no_reruns = settings_of({**STALE_CONFIG, "conditions": {"reruns": 0}})
     found = stale_reason(rerun, {**PATH_CELL, "trial": 5}, no_reruns)
     assert found == "trial 5 is outside the config's 2 trials and their 0 reruns"
 
@@ -457,7 +459,7 @@ def test_a_rerun_of_a_perturbed_trial_is_a_trial_of_the_matrix() -> None:
 def test_a_model_size_the_model_does_not_use_is_not_a_misplacement() -> None:
     config = copy.deepcopy(STALE_CONFIG)
     config["models"]["mlp"]["cpu"]["image_size"] = 96  # mlp's path label has no image size
-    assert stale_reason(host_cell(image_size=96), PATH_CELL, config) == ""
+    assert stale_reason(host_cell(image_size=96), PATH_CELL, settings_of(config)) == ""
 
 
 def test_records_without_config_are_not_checked(tmp_path: Path) -> None:

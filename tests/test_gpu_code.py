@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import benchmark_python, tiny_cell
+from helpers import benchmark_python, settings_of, tiny_cell
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -400,12 +400,12 @@ def test_a_recorded_code_comes_before_the_published_one(tmp_path: Path) -> None:
 def test_an_image_a_site_brings_has_the_code_its_record_holds(tmp_path: Path) -> None:
     """Known to the planner once rule brought_image has read it; unknown before."""
     config = {"results": "results", "environments": {"ngc": {"kind": "image", "image": "x.sif"}}}
-    assert environment_codes(config, tmp_path) == {"ngc": None}
+    assert environment_codes(settings_of(config), tmp_path) == {"ngc": None}
     record = tmp_path / environment_record_path("results", "ngc")
     record.parent.mkdir(parents=True)
     brought = GpuCode.from_arch_flags(f"{OLD_FLAGS} sm_90 compute_90", "1.13.0a0+936e930", "11.8")
     record.write_text(json.dumps(environment_record("python", brought)))
-    assert environment_codes(config, tmp_path) == {"ngc": brought}
+    assert environment_codes(settings_of(config), tmp_path) == {"ngc": brought}
 
 
 OLDER_PYTHONS = sorted(Path.home().glob(".pyenv/versions/3.[6-9].*/bin/python3"))

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import CONFIG, settings_of
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -200,14 +201,12 @@ def test_cell_from_path_reads_the_workflow_layout(path: str, cell: dict[str, Any
         ({"gpt2": {"cpu": {"batch_size": 2}, "cuda": {"batch_size": 32}}}, "cuda", (32, 224, 128)),
         ({"gpt2": {"batch_size": 4, "image_size": 96}}, "cuda", (4, 96, 128)),  # one for all
         ({"gpt2": {"cpu": {"batch_size": 2}}}, "cuda", None),
-        ({"gpt2": {"cpu": {"batch_size": 2}}}, None, None),
-        ({"gpt2": {"cpu": {"seq_len": 64}}}, "cpu", None),
+        ({"gpt2": {"cpu": {"batch_size": 2}}}, "auto", None),
         ({"mlp": {"cpu": {"batch_size": 2}}}, "cpu", None),
-        (["gpt2"], "cpu", None),
     ],
 )
 def test_configured_sizes_fill_the_defaults(
-    models: Any, device_class: str | None, expected: tuple[int, int, int] | None
+    models: Any, device_class: str, expected: tuple[int, int, int] | None
 ) -> None:
-    found = configured_sizes({"models": models}, "gpt2", device_class)
+    found = configured_sizes(settings_of({**CONFIG, "models": models}), "gpt2", device_class)
     assert found == (dict(zip(SIZE_KEYS, expected, strict=True)) if expected else None)

@@ -8,6 +8,7 @@ import shlex
 from typing import Any
 
 import pytest
+from helpers import settings_of
 
 from ptspeed.cell.arguments import from_arguments
 from ptspeed.errors import ConfigError
@@ -17,7 +18,6 @@ from ptspeed.plan.matrix import (
     cell_spec,
     cells,
     check_config,
-    env_variant_pairs,
     model_sizes,
     runtime_minutes,
     trial_groups,
@@ -59,7 +59,7 @@ def config() -> dict[str, Any]:
 
 def error_of(config: dict[str, Any], device_class: str = "cpu") -> str:
     with pytest.raises(ConfigError) as caught:
-        check_config(config, device_class)
+        check_config(settings_of(config, device_class))
     return str(caught.value)
 
 
@@ -69,12 +69,13 @@ def error_of(config: dict[str, Any], device_class: str = "cpu") -> str:
 def test_pairs_are_those_the_comparisons_need_in_first_mentioned_order(
     config: dict[str, Any],
 ) -> None:
-    assert env_variant_pairs(config) == [("old", "eager"), ("new", "eager"), ("new", "compile")]
+    pairs = settings_of(config).env_variant_pairs()
+    assert pairs == [("old", "eager"), ("new", "eager"), ("new", "compile")]
 
 
 def test_cell_count_is_the_product_of_the_matrix(config: dict[str, Any]) -> None:
     config["modes"] = ["train", "infer"]
-    listed = list(cells(config, "cpu"))
+    listed = list(cells(settings_of(config, "cpu")))
     # 2 trials x 3 models x 2 modes x 3 (env, variant) pairs
     assert len(listed) == 2 * 3 * 2 * 3
     assert len(set(listed)) == len(listed)
@@ -87,14 +88,14 @@ def test_trials_are_the_outer_loop_so_baseline_and_candidate_alternate(
     config["models"] = {"mlp": config["models"]["mlp"]}
     config["comparisons"] = {"upgrade": config["comparisons"]["upgrade"]}
     config["trials"] = 3
-    order = [(cell.env, cell.trial) for cell in cells(config, "cpu")]
+    order = [(cell.env, cell.trial) for cell in cells(settings_of(config, "cpu"))]
     assert order == [("old", 0), ("new", 0), ("old", 1), ("new", 1), ("old", 2), ("new", 2)]
 
 
 def test_every_trial_lists_every_model_before_the_next_trial(config: dict[str, Any]) -> None:
-    trials = [cell.trial for cell in cells(config, "cpu")]
+    trials = [cell.trial for cell in cells(settings_of(config, "cpu"))]
     assert trials == sorted(trials)
-    first_trial = [cell for cell in cells(config, "cpu") if cell.trial == 0]
+    first_trial = [cell for cell in cells(settings_of(config, "cpu")) if cell.trial == 0]
     assert [cell.model for cell in first_trial[::3]] == ["mlp", "lstm-lm", "resnet50"]
 
 
@@ -102,7 +103,7 @@ def test_a_trial_of_every_side_is_one_group_job_in_alternating_order(
     config: dict[str, Any],
 ) -> None:
     config["models"] = {"mlp": config["models"]["mlp"]}
-    planned = list(cells(config, "cpu"))
+    planned = list(cells(settings_of(config, "cpu")))
     groups = trial_groups(planned)
     assert set(groups) == set(planned)
     names = {trial: {groups[c][0] for c in planned if c.trial == trial} for trial in (0, 1)}
@@ -124,13 +125,14 @@ def test_a_trial_of_every_side_is_one_group_job_in_alternating_order(
 
 def test_cells_use_the_size_table_of_the_device_class(config: dict[str, Any]) -> None:
     config["models"] = {"mlp": config["models"]["mlp"]}
-    assert {cell.size for cell in cells(config, "cpu")} == {"b32"}
-    assert {cell.size for cell in cells(config, "cuda")} == {"b256"}
+    assert {cell.size for cell in cells(settings_of(config, "cpu"))} == {"b32"}
+    assert {cell.size for cell in cells(settings_of(config, "cuda"))} == {"b256"}
 
 
 def test_model_sizes_fill_unset_sizes_with_the_defaults(config: dict[str, Any]) -> None:
-    assert model_sizes(config, "lstm-lm", "cpu") == Sizes(batch_size=2, seq_len=16)
-    assert model_sizes(config, "resnet50", "cpu") == Sizes(batch_size=8, image_size=96)
+    settings = settings_of(config, "cpu")
+    assert model_sizes(settings, "lstm-lm") == Sizes(batch_size=2, seq_len=16)
+    assert model_sizes(settings, "resnet50") == Sizes(batch_size=8, image_size=96)
 
 
 @pytest.mark.parametrize(("device_class", "threads"), [("cpu", 4), ("cuda", 0)])
@@ -139,10 +141,11 @@ def test_a_jobs_command_line_runs_its_cells_spec(
 ) -> None:
     config["models"] = {"resnet50": {"cpu": {"batch_size": 8}, "cuda": {"batch_size": 64}}}
     config["oom_retry"] = True
-    cell = next(c for c in cells(config, device_class) if c.trial == 1)
+    cell = next(c for c in cells(settings_of(config, device_class)) if c.trial == 1)
     wildcards = {**vars(cell), "trial": str(cell.trial)}
-    line = cell_command_line(config, wildcards, device_class, threads=4)
-    assert from_arguments(shlex.split(line)) == cell_spec(config, cell, device_class, threads)
+    line = cell_command_line(settings_of(config, device_class), wildcards, threads=4)
+    spec = cell_spec(settings_of(config, device_class), cell, threads)
+    assert from_arguments(shlex.split(line)) == spec
     assert line.endswith(" --oom-retry")
 
 
@@ -150,20 +153,20 @@ def test_only_a_cell_s_first_trial_runs_the_numerics_gate(config: dict[str, Any]
     """Reruns (trials past the configured count) too leave the gate to trial 0."""
     config["trials"] = 3
     by_trial = {
-        cell.trial: cell_spec(config, cell, "cpu").numerics_by_first_trial
-        for cell in cells(config, "cpu")
+        cell.trial: cell_spec(settings_of(config, "cpu"), cell).numerics_by_first_trial
+        for cell in cells(settings_of(config, "cpu"))
     }
-    rerun = next(cell for cell in cells(config, "cpu") if cell.trial == 2)
+    rerun = next(cell for cell in cells(settings_of(config, "cpu")) if cell.trial == 2)
     rerun = dataclasses.replace(rerun, trial=5)
     assert by_trial == {0: False, 1: True, 2: True}
-    assert cell_spec(config, rerun, "cpu").numerics_by_first_trial
+    assert cell_spec(settings_of(config, "cpu"), rerun).numerics_by_first_trial
 
 
 # --- check_config: one line naming the key --------------------------------------------------
 
 
 def test_a_good_config_passes(config: dict[str, Any]) -> None:
-    check_config(config, "cpu")
+    check_config(settings_of(config, "cpu"))
 
 
 def test_unknown_model(config: dict[str, Any]) -> None:
@@ -218,7 +221,7 @@ def test_same_environment_with_different_variants_is_a_comparison(
     config: dict[str, Any],
 ) -> None:
     config["comparisons"] = {"compiler": config["comparisons"]["compiler"]}
-    check_config(config, "cpu")
+    check_config(settings_of(config, "cpu"))
 
 
 def test_venv_environment_needs_requirements_and_python(config: dict[str, Any]) -> None:
@@ -244,4 +247,4 @@ def test_every_message_is_one_line(config: dict[str, Any]) -> None:
     [(1800, 35), (60, 6), (61, 7), (0.5, 6), (604800, 10085)],
 )
 def test_runtime_is_the_cell_limit_rounded_up_plus_slack(timeout_s: float, minutes: int) -> None:
-    assert runtime_minutes({"timeout_s": timeout_s}) == minutes
+    assert runtime_minutes(settings_of({**BASE, "timeout_s": timeout_s})) == minutes

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import TINY_CELL, USER_MODEL_MODULE, ptspeed, read_valid_record
+from helpers import TINY_CELL, USER_MODEL_MODULE, ptspeed, read_valid_record, settings_of
 
 from ptspeed.cell.steps import build_model
 from ptspeed.errors import BadInput, ConfigError, Unsupported
@@ -292,10 +292,10 @@ PLAN: dict[str, Any] = {
 
 def test_a_sourced_model_plans_its_cells_with_source_shape_and_the_sizes_it_sets() -> None:
     config = copy.deepcopy(PLAN)
-    check_config(config, "cpu")
-    planned = [c for c in cells(config, "cpu") if c.model == "llama-small"]
+    check_config(settings_of(config, "cpu"))
+    planned = [c for c in cells(settings_of(config, "cpu")) if c.model == "llama-small"]
     assert {c.size for c in planned} == {"b2-s16"}
-    spec = cell_spec(config, planned[0], "cpu")
+    spec = cell_spec(settings_of(config, "cpu"), planned[0])
     assert (spec.source, spec.shape) == ("transformers:llama", "layers=2,hidden=64,heads=4")
     assert spec.model_reference == "transformers:llama"
 
@@ -322,7 +322,7 @@ def test_bad_sources_are_refused_naming_the_model(
     config["models"]["x"] = {"source": source, "cpu": {"batch_size": 2}}
     config["model_paths"] = [str(user_models)]
     with pytest.raises(ConfigError) as caught:
-        check_config(config, "cpu")
+        check_config(settings_of(config, "cpu"))
     assert str(caught.value).startswith(message)
 
 
@@ -330,7 +330,7 @@ def test_a_shape_on_a_model_that_takes_none_is_refused() -> None:
     config = copy.deepcopy(PLAN)
     config["models"]["mlp"]["cpu"]["shape"] = {"layers": 2}
     with pytest.raises(ConfigError, match=r"^models\.mlp\.cpu\.shape: mlp takes none"):
-        check_config(config, "cpu")
+        check_config(settings_of(config, "cpu"))
 
 
 # --- suites ---------------------------------------------------------------------------------

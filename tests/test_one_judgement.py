@@ -22,7 +22,15 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
-from helpers import CLAIMS, CONFIG, TABLE_NAMES, WORKFLOW_SCRIPTS, load_script, make_record
+from helpers import (
+    CLAIMS,
+    CONFIG,
+    TABLE_NAMES,
+    WORKFLOW_SCRIPTS,
+    load_script,
+    make_record,
+    settings_of,
+)
 
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.columns import read_table
@@ -287,7 +295,9 @@ def test_each_trials_verdict_is_the_one_that_decided_its_rerun(rerun_run: dict[s
     assert perturbed == rerun_of  # no round-0 trial perturbed at the end that was never rerun
     # Judged against every round's median at once (as before issue 36), the background's
     # trials would have turned perturbed at the end: the scenario does test the difference.
-    pooled = judge_runs(load_tables(rerun_run["records"])[0], {"conditions": RUN["conditions"]})
+    # One round: every trial number below the trials.
+    pooled_rounds = settings_of({"conditions": RUN["conditions"], "trials": 100})
+    pooled = judge_runs(load_tables(rerun_run["records"])[0], pooled_rounds)
     flipped = pooled[(pooled["trial"] < 5) & pooled["perturbed"].astype(bool)]
     assert len(flipped) > len(perturbed)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import CLAIMS, CONFIG, make_record
+from helpers import CLAIMS, CONFIG, make_record, settings_of
 
 from ptspeed.analysis.aggregate import load_tables
 from ptspeed.analysis.claims import claimed_on_another_gpu
@@ -60,19 +60,19 @@ A100_NAME, H100_NAME = A100["name"], H100["name"]
 
 
 def plan(platforms: dict[str, Any] = PLATFORMS) -> Any:
-    return platform_plan({**MATRIX, "platforms": platforms}, CODES)
+    return platform_plan(settings_of({**MATRIX, "platforms": platforms}), CODES)
 
 
 def test_a_config_without_platforms_is_one_unnamed_platform() -> None:
-    assert configured_platforms(CONFIG) == (Platform(""),)
+    assert configured_platforms(settings_of(CONFIG)) == (Platform(""),)
     assert plan({}).cannot_run == {}
-    assert {cell.platform for cell in cells(CONFIG | {"trials": 1}, "cpu")} == {""}
+    assert {cell.platform for cell in cells(settings_of(CONFIG | {"trials": 1}, "cpu"))} == {""}
 
 
 def test_a_bad_capability_is_one_line_naming_the_field() -> None:
     bad = {"a100": {"gpu": {"capability": "eight"}}}
     with pytest.raises(ConfigError, match=r"^platforms\.a100\.gpu\.capability: 'eight' is not"):
-        configured_platforms({"platforms": bad})
+        configured_platforms(settings_of({**CONFIG, "platforms": bad}))
 
 
 def test_the_plan_leaves_out_what_a_gpu_has_no_code_for() -> None:
@@ -92,7 +92,7 @@ def test_a_v100_platform_cannot_run_the_newest_build() -> None:
 
 
 def test_cells_are_planned_per_platform_minus_what_cannot_run() -> None:
-    planned = list(cells(MATRIX, "cpu", plan().cannot_run))
+    planned = list(cells(settings_of(MATRIX, "cpu"), plan().cannot_run))
     by_platform = {p: {c.env for c in planned if c.platform == p} for p in PLATFORMS}
     assert by_platform == {"a100": {"torch-1.13", "torch-2.0"}, "h100": set(),
                            "b200": {"torch-1.13", "torch-2.0"}}  # fmt: skip
@@ -108,7 +108,7 @@ def test_each_platforms_cells_go_to_its_partition() -> None:
 
 
 def test_one_platform_keeps_constant_resources() -> None:
-    one = platform_plan({**MATRIX, "platforms": {"a100": PLATFORMS["a100"]}}, CODES)
+    one = platform_plan(settings_of({**MATRIX, "platforms": {"a100": PLATFORMS["a100"]}}), CODES)
     assert cell_job_resources(one, {"qos": "long"}) == {
         "qos": "long", "slurm_partition": "gpu-a100",
     }  # fmt: skip
@@ -163,7 +163,7 @@ def platform_tables(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.Dat
               "device": "NVIDIA A100", "device_class": "cuda", "gpu": "A100"}}  # fmt: skip
     runs, _ = load_tables(platform_records(directory))
     summary = summary_table(runs)
-    return runs, summary, speedups(summary, config, claims, runs), (config, claims)
+    return runs, summary, speedups(summary, settings_of(config), claims, runs), (config, claims)
 
 
 def test_speedups_are_per_platform_and_the_a100_claim_is_judged_on_the_a100(
@@ -198,7 +198,10 @@ def test_a_claim_on_one_gpu_is_not_judged_on_another() -> None:
 def test_the_report_has_a_row_per_platform_and_what_each_can_run(tmp_path: Path) -> None:
     runs, summary, table, (config, claims) = platform_tables(tmp_path)
     runs = runs.assign(device=runs["platform"].map({"a100": "cuda", "h100": "cpu"}))
-    sections = {s.id: s for s in build_sections(ReportInputs(runs, summary, table, config, claims))}
+    sections = {
+        s.id: s
+        for s in build_sections(ReportInputs(runs, summary, table, settings_of(config), claims))
+    }
     seed = sections["seed-table"].blocks[0].table
     # As narrow as one platform's table: the platform is a column, each a row of its own.
     assert seed.headers == ["model", "mode", "batch", "platform", *headers(SEED_TABLE)[3:]]

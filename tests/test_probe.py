@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import pytest
 import torch
-from helpers import HOSTS, ROOT, TOOLS, load_script, snakemake, write_config
+from helpers import HOSTS, ROOT, TOOLS, load_script, settings_of, snakemake, write_config
 
 from ptspeed.analysis.change_verdict import FASTER, SAME, SLOWER
 from ptspeed.analysis.columns import read_table
@@ -147,7 +147,8 @@ def probed(seconds: float, **change: Any) -> dict[str, Any]:
 
 
 def judged(*rows: dict[str, Any], config: dict[str, Any] | None = None) -> pd.DataFrame:
-    return judge_runs(pd.DataFrame([{**QUIET, **row} for row in rows]), config)
+    settings = settings_of(config) if config is not None else None
+    return judge_runs(pd.DataFrame([{**QUIET, **row} for row in rows]), settings)
 
 
 def test_a_window_the_hypervisor_took_more_than_its_share_of_is_perturbed() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from helpers import settings_of
 
 from ptspeed.analysis.conditions import (
     PROBE_SPREAD,
@@ -34,7 +35,7 @@ from ptspeed.analysis.reruns import reruns_due
 from ptspeed.analysis.trial_readings import other_cpu_share, probe_ends
 
 PROBES = Path(__file__).parent / "fixtures" / "probes"
-CONFIG = {"trials": 5, "conditions": {"reruns": 2}}
+CONFIG = settings_of({"trials": 5, "conditions": {"reruns": 2}})
 SIZES = {"resnet50": "b8-i64", "bert-base": "b2-s32", "gpt2": "b2-s32", "mlp": "b32"}
 BY_PROBE = "the node ran"
 
@@ -150,7 +151,7 @@ def test_where_both_builds_blas_are_alike_nothing_showed_the_problem() -> None:
 
 
 # The measured cells ran 15 trials each, one round.
-MEASURED = {"trials": 15, "conditions": {"reruns": 2}}
+MEASURED = settings_of({"trials": 15, "conditions": {"reruns": 2}})
 
 
 def test_what_the_probe_flags_on_the_measured_machine_really_ran_slower() -> None:

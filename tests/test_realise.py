@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import settings_of
 
 from ptspeed.envs import realise
 from ptspeed.envs.apptainer import SifPlan
@@ -20,7 +21,6 @@ from ptspeed.errors import ConfigError
 from ptspeed.plan import device
 from ptspeed.plan.config import effective_config_json
 from ptspeed.plan.device import detect_device_class
-from ptspeed.plan.schema import fill_defaults, load_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = "/opt/py/bin/python3"
@@ -58,8 +58,7 @@ def realisation(
         "environments": environments(),
         "containers": {"runtime": runtime, **containers},
     }
-    fill_defaults(config, {"properties": {"containers": load_schema()["properties"]["containers"]}})
-    return Realisation(config, device_class, in_apptainer, ROOT, workdir, PYTHON)
+    return Realisation(settings_of(config, device_class), in_apptainer, ROOT, workdir, PYTHON)
 
 
 # --- the cells of each environment ------------------------------------------------------------
@@ -135,8 +134,8 @@ def test_an_image_a_site_brings_is_used_as_is_once_its_record_is_read(tmp_path: 
         },
         "containers": {"runtime": "apptainer"},
     }
-    fill_defaults(config, {"properties": {"containers": load_schema()["properties"]["containers"]}})
-    found = Realisation(config, "cpu", True, ROOT, tmp_path, PYTHON)
+    settings = settings_of(config, "cpu")
+    found = Realisation(settings, True, ROOT, tmp_path, PYTHON)
     assert found.container("site") == str(tmp_path / "images/site.sif")
     assert found.container("ngc") == registry
     assert found.ready("ngc") == ["results/envs/ngc.json", "results/envs/ngc.digest"]
@@ -147,7 +146,7 @@ def test_an_image_a_site_brings_is_used_as_is_once_its_record_is_read(tmp_path: 
     assert Images(found, "podman", None).targets() == [
         "results/envs/site.json", "results/envs/ngc.json",
     ]  # fmt: skip
-    assert Realisation(config, "cpu", False, ROOT, tmp_path, PYTHON).brought("site") == ""
+    assert Realisation(settings, False, ROOT, tmp_path, PYTHON).brought("site") == ""
 
 
 def test_only_the_engines_images_are_checked_for_pruning(

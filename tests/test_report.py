@@ -29,6 +29,7 @@ from helpers import (
     make_record,
     read_page,
     render_tables,
+    settings_of,
 )
 
 from ptspeed.analysis import change_verdict, conditions, late_numerics, ranks, stats
@@ -48,6 +49,7 @@ from ptspeed.cell.measurement import breakdown as measurement_breakdown
 from ptspeed.cell.measurement import numerics, probe_work, telemetry
 from ptspeed.cell.measurement.numerics import TOLERANCES
 from ptspeed.cell.record import write_record
+from ptspeed.plan.settings import Comparison, Side
 from ptspeed.render import figures
 from ptspeed.render.formatting import (
     format_compile_time,
@@ -446,9 +448,9 @@ def test_environments_come_from_the_records(markdown: str, html: str) -> None:
 def sections_of(paths: list[Path], config: dict[str, Any] | None = None) -> dict[str, Any]:
     runs, steps = load_tables(paths)
     summary = summary_table(runs)
-    config = config or CONFIG
-    inputs = ReportInputs(runs, summary, speedups(summary, config, CLAIMS, runs),
-                                 config, CLAIMS, steps)  # fmt: skip
+    settings = settings_of(config or CONFIG)
+    inputs = ReportInputs(runs, summary, speedups(summary, settings, CLAIMS, runs),
+                          settings, CLAIMS, steps)  # fmt: skip
     return {s.id: s for s in build_sections(inputs)}
 
 
@@ -576,7 +578,7 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
     for precision, tolerance in TOLERANCES.items():
         assert f"{precision} {tolerance:.1%}" in rows["numerics tolerance"]
     frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
-    sections = build_sections(ReportInputs(*frames, config, CLAIMS))
+    sections = build_sections(ReportInputs(*frames, settings_of(config), CLAIMS))
     [method] = [s for s in sections if s.id == "method"]
     configured = {row[0]: row[1] for row in method.blocks[0].table.rows}
     assert configured["trials per cell"] == "5, each its own process"
@@ -591,7 +593,7 @@ def test_method_section_gives_steps_trials_intervals_and_tolerances(markdown: st
 def test_method_section_says_what_three_trials_cannot_do() -> None:
     config = {**CONFIG, "trials": 3}
     frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
-    sections = build_sections(ReportInputs(*frames, config, CLAIMS))
+    sections = build_sections(ReportInputs(*frames, settings_of(config), CLAIMS))
     [method] = [s for s in sections if s.id == "method"]
     configured = {row[0]: row[1] for row in method.blocks[0].table.rows}
     assert configured["speedup interval"].endswith("this run's 3 trials a side give 90.0%")
@@ -602,7 +604,7 @@ def test_method_section_says_what_three_trials_cannot_do() -> None:
 
 def method_rows(config: dict[str, Any]) -> dict[str, str]:
     frames = [pd.DataFrame(columns=c) for c in (RUNS_COLUMNS, SUMMARY_COLUMNS, SPEEDUP_COLUMNS)]
-    sections = build_sections(ReportInputs(*frames, config, CLAIMS))
+    sections = build_sections(ReportInputs(*frames, settings_of(config), CLAIMS))
     [method] = [s for s in sections if s.id == "method"]
     return {row[0]: row[1] for row in method.blocks[0].table.rows}
 
@@ -706,7 +708,7 @@ def test_every_table_has_a_cell_per_column_aligned_as_its_spec(
     tables: dict[str, pd.DataFrame], html: str, markdown: str
 ) -> None:
     frames = tables["runs"], tables["summary"], tables["speedups"]
-    built = build_sections(ReportInputs(*frames, CONFIG, CLAIMS, tables["steps"]))
+    built = build_sections(ReportInputs(*frames, settings_of(CONFIG), CLAIMS, tables["steps"]))
     shown = [b.table for s in built for b in s.blocks if b.table is not None and b.table.rows]
     # two seed tables, claims, versions, summary, first steps, failures, noisy, environments,
     # method
@@ -766,7 +768,7 @@ def test_captions_are_short_and_the_method_is_in_method(tables: dict[str, pd.Dat
     """What a section and a table are takes a line or two above them; how the numbers are made
     is the Method section's."""
     frames = tables["runs"], tables["summary"], tables["speedups"]
-    built = build_sections(ReportInputs(*frames, CONFIG, CLAIMS, tables["steps"]))
+    built = build_sections(ReportInputs(*frames, settings_of(CONFIG), CLAIMS, tables["steps"]))
     texts = [s.intro for s in built] + [b.note for s in built for b in s.blocks]
     assert max(len(text) for text in texts) <= 230, max(texts, key=len)
     method = {row[0] for row in built[-1].blocks[0].table.rows}
@@ -1111,11 +1113,9 @@ def test_every_figure_label_lies_inside_its_figure(
 
 # --- trials over the run -------------------------------------------------------------------------
 
-DRIFT_COMPARISON = {
-    "title": "a → b",
-    "baseline": {"env": "a", "variant": "eager"},
-    "candidate": {"env": "b", "variant": "eager"},
-}
+DRIFT_COMPARISON = Comparison(
+    title="a → b", baseline=Side(env="a", variant="eager"), candidate=Side(env="b", variant="eager")
+)
 
 
 def drift_runs() -> pd.DataFrame:

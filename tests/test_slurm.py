@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import ROOT, TINY_STEPS, write_config
+from helpers import ROOT, TINY_STEPS, settings_of, write_config
 from helpers import snakemake as run_snakemake
 
 from ptspeed.errors import ConfigError
@@ -34,6 +34,7 @@ from ptspeed.plan.cluster import (
     slurm_resources,
 )
 from ptspeed.plan.device import device_class_for_jobs
+from ptspeed.plan.settings import Cluster
 
 pytestmark = pytest.mark.workflow
 
@@ -82,18 +83,24 @@ def snakemake(
 # --- the cluster block, without SLURM ---------------------------------------------------------
 
 
+def cluster_of(given: dict[str, Any]) -> Cluster:
+    """The cluster block of ``given``, the schema's defaults filling the rest."""
+    return settings_of({"cluster": given}).cluster
+
+
 def test_only_the_keys_set_become_job_resources() -> None:
     cluster = {"partition": "gpu", "account": "", "constraint": "", "qos": "short"}
-    assert slurm_resources(cluster) == {"slurm_partition": "gpu", "qos": "short"}
+    assert slurm_resources(cluster_of(cluster)) == {"slurm_partition": "gpu", "qos": "short"}
 
 
 @pytest.mark.parametrize("key", ["account", "partition"])
 def test_a_required_key_is_checked_only_for_cluster_runs(key: str) -> None:
     cluster = {"account": "", "partition": "", f"{key}_required": True}
-    check_cluster(cluster, jobs_go_to_scheduler=False)
+    check_cluster(settings_of({"cluster": cluster}), jobs_go_to_scheduler=False)
     with pytest.raises(ConfigError, match=rf"^cluster\.{key}: this site requires a SLURM {key}"):
-        check_cluster(cluster, jobs_go_to_scheduler=True)
-    check_cluster({**cluster, key: "name1"}, jobs_go_to_scheduler=True)
+        check_cluster(settings_of({"cluster": cluster}), jobs_go_to_scheduler=True)
+    named = settings_of({"cluster": {**cluster, key: "name1"}})
+    check_cluster(named, jobs_go_to_scheduler=True)
 
 
 def test_a_gpu_limit_of_zero_is_refused_only_for_cuda_cluster_jobs() -> None:
@@ -106,7 +113,7 @@ def test_a_gpu_limit_of_zero_is_refused_only_for_cuda_cluster_jobs() -> None:
 
 
 def test_cluster_jobs_take_their_cpus_from_the_cluster_block() -> None:
-    cluster = {"cpus_per_task": 6}
+    cluster = cluster_of({"cpus_per_task": 6})
     assert cpus_per_cell(2, cluster, jobs_go_to_scheduler=True, cores=32) == 2
     assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=True, cores=32) == 6
     assert cpus_per_cell(0, cluster, jobs_go_to_scheduler=False, cores=32) == 32
@@ -114,7 +121,7 @@ def test_cluster_jobs_take_their_cpus_from_the_cluster_block() -> None:
 
 def test_gpu_cells_on_one_node_take_their_gpus_share_of_the_cores() -> None:
     """profiles/gpu-node with --resources gpu=8 on a 32-core node: 8 one-GPU cells at once."""
-    cluster = {"cpus_per_task": 6}
+    cluster = cluster_of({"cpus_per_task": 6})
     assert cpus_per_cell(0, cluster, False, cores=32, gpus=1, gpu_limit=8) == 4
     assert cpus_per_cell(0, cluster, False, cores=32, gpus=2, gpu_limit=8) == 8
     assert cpus_per_cell(0, cluster, False, cores=4, gpus=1, gpu_limit=8) == 1
@@ -131,9 +138,11 @@ def test_device_auto_is_decided_for_the_nodes_that_run_cluster_jobs() -> None:
 
 def test_a_required_partition_may_come_from_every_platform() -> None:
     cluster = {"account": "", "partition": "", "partition_required": True}
-    check_cluster(cluster, True, {"a100": {"partition": "gpu-a"}, "h100": {"partition": "gpu-h"}})
+    both = {"a100": {"partition": "gpu-a"}, "h100": {"partition": "gpu-h"}}
+    check_cluster(settings_of({"cluster": cluster, "platforms": both}), True)
+    one = {"a100": {"partition": "gpu-a"}, "h100": {}}
     with pytest.raises(ConfigError, match=r"^cluster\.partition: .*\(platform h100 sets none\)"):
-        check_cluster(cluster, True, {"a100": {"partition": "gpu-a"}, "h100": {}})
+        check_cluster(settings_of({"cluster": cluster, "platforms": one}), True)
 
 
 def test_gpu_requests_as_sites_take_them() -> None:

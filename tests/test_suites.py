@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from helpers import settings_of
 
 from ptspeed.analysis.suites import geomean, geomean_interval, suite_figures, suite_members
 from ptspeed.render.method import source_blocks
@@ -70,8 +71,9 @@ def runs() -> pd.DataFrame:
 
 
 def test_a_suites_figures_are_the_dashboards() -> None:
-    assert suite_members(CONFIG) == {"tv": ["a", "b", "c", "d"]}
-    figures = suite_figures(speedups(), summary(), runs(), CONFIG)
+    settings = settings_of(CONFIG)
+    assert suite_members(settings) == {"tv": ["a", "b", "c", "d"]}
+    figures = suite_figures(speedups(), summary(), runs(), settings)
     assert len(figures) == 1
     row = figures.iloc[0]
     assert (row.suite, row.comparison, row["mode"], row.models, row.passed) == (
@@ -97,7 +99,7 @@ def test_the_geomean_interval_is_seeded_and_needs_two_models() -> None:
 
 
 def test_the_report_has_a_suite_section_only_where_the_config_has_suites() -> None:
-    inputs = ReportInputs(runs(), summary(), speedups(), CONFIG, {})
+    inputs = ReportInputs(runs(), summary(), speedups(), settings_of(CONFIG), {})
     section = suites_section(inputs)
     assert section is not None and section.title == "Suites"
     (cells,) = section.blocks[0].table.rows
@@ -109,7 +111,9 @@ def test_the_report_has_a_suite_section_only_where_the_config_has_suites() -> No
         "×0.50",
     ]
     plain = {**CONFIG, "models": {"mlp": CONFIG["models"]["mlp"]}}
-    assert suites_section(ReportInputs(runs(), summary(), speedups(), plain, {})) is None
+    assert (
+        suites_section(ReportInputs(runs(), summary(), speedups(), settings_of(plain), {})) is None
+    )
 
 
 def test_the_environments_section_says_where_each_sourced_model_came_from() -> None:

@@ -27,8 +27,8 @@ rule cell:
     threads: cell_threads
     resources:
         **CELL_JOB_RESOURCES,
-        runtime=runtime_minutes(config),
-        mem_mb=config["mem_mb"],
+        runtime=runtime_minutes(SETTINGS),
+        mem_mb=SETTINGS.mem_mb,
         cpus_per_task=cell_cpus,
     params:
         python=env_python,

@@ -73,12 +73,11 @@ def config_errors(prefix="config: "):
 
 # Checks the config (schema, paths, cross-references) and fills its defaults in place.
 with config_errors():
-    DEVICE_CLASS = prepare_config(
-        config, device_class, Path.cwd(), workflow.configfiles
-    )
+    SETTINGS = prepare_config(config, device_class, Path.cwd(), workflow.configfiles)
 
-RESULTS = config["results"]
-ENVIRONMENTS = config["environments"]
+DEVICE_CLASS = SETTINGS.device
+RESULTS = SETTINGS.results
+ENVIRONMENTS = SETTINGS.environments
 
 
 def in_apptainer():
@@ -90,10 +89,8 @@ def in_apptainer():
 IN_APPTAINER = in_apptainer()
 if workflow.is_main_process:
     with config_errors():
-        check_container_config(config, IN_APPTAINER)
-REALISATION = Realisation(
-    config, DEVICE_CLASS, IN_APPTAINER, Path(workflow.basedir), Path.cwd()
-)
+        check_container_config(SETTINGS, IN_APPTAINER)
+REALISATION = Realisation(SETTINGS, IN_APPTAINER, Path(workflow.basedir), Path.cwd())
 CONTAINERS = REALISATION.containers
 # Environments whose record rule build_env writes, and those of images a site brings, whose
 # record rule brought_image reads from inside the image. An empty pattern would be no
@@ -120,7 +117,7 @@ def driver_refusals(platforms):
         return {}
     driver = nvidia_driver_version()
     refused = (
-        REALISATION.driver_refusals(config["environments"], driver) if driver else {}
+        REALISATION.driver_refusals(SETTINGS.environments, driver) if driver else {}
     )
     return {
         (platform.name, env): reason
@@ -132,7 +129,7 @@ def driver_refusals(platforms):
 # The cluster's GPU types, and the environments that carry no code for one's GPU or need a
 # newer driver than this node's.
 with config_errors():
-    PLATFORM_PLAN = platform_plan(config, environment_codes(config, Path.cwd()))
+    PLATFORM_PLAN = platform_plan(SETTINGS, environment_codes(SETTINGS, Path.cwd()))
 PLATFORM_PLAN = replace(
     PLATFORM_PLAN,
     cannot_run={
@@ -140,7 +137,7 @@ PLATFORM_PLAN = replace(
         **driver_refusals(PLATFORM_PLAN.platforms),
     },
 )
-CELLS = list(cells(config, DEVICE_CLASS, PLATFORM_PLAN.cannot_run))
+CELLS = list(cells(SETTINGS, PLATFORM_PLAN.cannot_run))
 if workflow.is_main_process:
     for reason in PLATFORM_PLAN.cannot_run.values():
         print(f"ptspeed: not planned: {reason}", file=sys.stderr)
@@ -158,19 +155,19 @@ def gpu_limit():
 
 if workflow.is_main_process:
     with config_errors():
-        check_cluster(config["cluster"], ON_SCHEDULER, config["platforms"])
+        check_cluster(SETTINGS, ON_SCHEDULER)
     with config_errors(""):
         check_gpu_limit(gpu_limit(), DEVICE_CLASS == "cuda", ON_SCHEDULER)
     if DEVICE_CLASS == "cuda" and not ON_SCHEDULER:
         with config_errors():
-            check_variant_gpus(config["variants"], gpu_limit())
+            check_variant_gpus(SETTINGS.variants, gpu_limit())
 
 
 def cell_gpus(wildcards):
     """GPUs a CUDA cell requests (none on the CPU, a constant there): its processes (procs= of
     ddp/fsdp, else 1). Which GPUs it gets on the node is decided by the cell itself
     (ptspeed.launch.gpus): Snakemake only counts."""
-    return parse_knobs(config["variants"][wildcards.variant]).world_size
+    return parse_knobs(SETTINGS.variants[wildcards.variant]).world_size
 
 
 GRES_TYPES = {platform.name: platform.gres_type for platform in PLATFORM_PLAN.platforms}
@@ -186,14 +183,14 @@ def cell_gpu_resources():
     if not ON_SCHEDULER:
         return {"gpu": cell_gpus}
     for gres_type in GRES_TYPES.values():
-        gpu_request(1, gres_type, config["cluster"]["gpu_request"])
+        gpu_request(1, gres_type, SETTINGS.cluster.gpu_request)
     return {key: cluster_gpu_request(key) for key in GPU_REQUEST_KEYS}
 
 
 def cluster_gpu_request(key):
     def value(wildcards):
         gres_type = GRES_TYPES[platform_of(wildcards)]
-        how = config["cluster"]["gpu_request"]
+        how = SETTINGS.cluster.gpu_request
         return gpu_request(cell_gpus(wildcards), gres_type, how)[key]
 
     return value
@@ -204,7 +201,7 @@ def cluster_gpu_request(key):
 ONE_NODE = {"nodes": 1} if ON_SCHEDULER else {}
 with config_errors():
     CELL_JOB_RESOURCES = {
-        **cell_job_resources(PLATFORM_PLAN, slurm_resources(config["cluster"])),
+        **cell_job_resources(PLATFORM_PLAN, slurm_resources(SETTINGS.cluster)),
         **cell_gpu_resources(),
         **ONE_NODE,
     }
@@ -216,7 +213,7 @@ wildcard_constraints:
 
 def earlier_runs(wildcards):
     """The runs table of the earlier run the report sets this one against ([]: none)."""
-    earlier = config["compare"]["earlier"]
+    earlier = SETTINGS.compare.earlier
     return str(runs_csv_of(os.path.expanduser(earlier))) if earlier else []
 
 
@@ -248,11 +245,11 @@ def reruns_before(attempt):
 
 RECORD_PATHS = [f"{RESULTS}/{cell.path}" for cell in CELLS]
 # Users' model modules (module:attribute sources) are found in model_paths, after the suite's.
-MODEL_PATHS = [Path(os.path.expanduser(p)).resolve() for p in config["model_paths"]]
+MODEL_PATHS = [Path(os.path.expanduser(p)).resolve() for p in SETTINGS.model_paths]
 CELL_PYTHONPATH = os.pathsep.join(
     map(str, [Path(workflow.basedir) / "src", *MODEL_PATHS])
 )
-MAX_RERUNS = config["conditions"]["reruns"]
+MAX_RERUNS = SETTINGS.conditions.reruns
 
 
 def env_container(wildcards):
@@ -288,10 +285,10 @@ def env_python(wildcards):
 
 
 def cell_arguments(wildcards, threads):
-    return cell_command_line(config, dict(wildcards.items()), DEVICE_CLASS, threads)
+    return cell_command_line(SETTINGS, dict(wildcards.items()), threads)
 
 
-COMPILED_VARIANTS = {v for v in config["variants"] if variant_compiles(config, v)}
+COMPILED_VARIANTS = {v for v in SETTINGS.variants if variant_compiles(SETTINGS, v)}
 
 
 def first_trial_record(wildcards):
@@ -326,7 +323,7 @@ def cell_settings(wildcards):
     params function of the wildcards alone is tracked by Snakemake's params trigger (one that
     takes threads, as cell_arguments does, is not), so a changed knob string, size, step count,
     time limit or threads setting reruns exactly the cells it affects."""
-    return f"{cell_arguments(wildcards, 0)} threads={config['threads']}"
+    return f"{cell_arguments(wildcards, 0)} threads={SETTINGS.threads}"
 
 
 def cell_threads(wildcards):
@@ -334,7 +331,7 @@ def cell_threads(wildcards):
     # Snakemake refuses to tell a cluster run's cores: a job's CPUs are the cluster block's.
     cores = 0 if ON_SCHEDULER else workflow.cores
     return cpus_per_cell(
-        config["threads"], config["cluster"], ON_SCHEDULER, cores, gpus, gpu_limit()
+        SETTINGS.threads, SETTINGS.cluster, ON_SCHEDULER, cores, gpus, gpu_limit()
     )
 
 
@@ -344,4 +341,4 @@ def cell_cpus(wildcards, threads):
 
 
 def trial_priority(wildcards):
-    return config["trials"] - int(wildcards.trial)
+    return SETTINGS.trials - int(wildcards.trial)

@@ -35,7 +35,7 @@ def images_engine():
     with no second probe), else container_config.engine_for_images."""
     if SIF_PLAN:
         return SIF_PLAN.engine or ENGINES[0]
-    if workflow.remote_exec and CONTAINERS["runtime"] not in ENGINES:
+    if workflow.remote_exec and CONTAINERS.runtime not in ENGINES:
         return ENGINES[0]  # a cluster job makes no image: nothing to ask
     return engine_for_images(CONTAINERS, usable_here)
 

@@ -6,7 +6,7 @@
 
 rule build_env:
     input:
-        requirements=lambda wildcards: ENVIRONMENTS[wildcards.env]["requirements"],
+        requirements=lambda wildcards: ENVIRONMENTS[wildcards.env].requirements,
     output:
         ready=environment_record_path(RESULTS, "{env}"),
     log:
@@ -20,7 +20,7 @@ rule build_env:
         "../../envs/workflow.yaml"
     params:
         python=HOST_PYTHON,
-        python_version=lambda wildcards: ENVIRONMENTS[wildcards.env]["python"],
+        python_version=lambda wildcards: ENVIRONMENTS[wildcards.env].python,
         dest=ENV_CACHE,
     shell:
         "{params.python} workflow/scripts/build_env.py --name {wildcards.env} --requirements {input.requirements:q}"

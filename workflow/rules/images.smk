@@ -19,7 +19,7 @@ rule images:
     localrule: True
 
 
-if CONTAINERS["images"] == "build":
+if CONTAINERS.images == "build":
 
     rule image:
         input:

@@ -20,7 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from ptspeed.analysis.aggregate import load_tables, read_mapping, records_listed_in
+from ptspeed.analysis.aggregate import (
+    load_tables,
+    read_mapping,
+    read_settings,
+    records_listed_in,
+)
 from ptspeed.analysis.claims import empty_sides
 from ptspeed.analysis.speedups import speedups
 from ptspeed.analysis.summary import summary_table
@@ -57,14 +62,14 @@ def not_measured_line(comparisons: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with one_line_errors(unexpected=True):
-        config, claims = read_mapping(args.config), read_mapping(args.claims)
+        settings, claims = read_settings(args.config), read_mapping(args.claims)
         paths = [
             *args.records,
             *(records_listed_in(args.records_from) if args.records_from else []),
         ]
-        runs, steps = load_tables(paths, config)
+        runs, steps = load_tables(paths, settings)
         summary = summary_table(runs)
-        comparisons = speedups(summary, config, claims, runs)
+        comparisons = speedups(summary, settings, claims, runs)
         out_dir = Path(args.out_dir)
         write_csv(runs, out_dir / "runs.csv")
         write_csv(steps, out_dir / "steps.csv")

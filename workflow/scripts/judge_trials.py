@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from ptspeed.analysis.aggregate import load_tables, read_mapping
+from ptspeed.analysis.aggregate import load_tables, read_settings
 from ptspeed.analysis.reruns import attempt_of, reruns_due, stopped_reruns
 from ptspeed.cell.files import write_atomic
 from ptspeed.entrypoint import one_line_errors
@@ -36,13 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with one_line_errors():
-        config = read_mapping(args.config)
-        runs, _ = load_tables(args.records, config)
-        due = [cell.path for cell in reruns_due(runs, config, args.attempt)]
+        settings = read_settings(args.config)
+        runs, _ = load_tables(args.records, settings)
+        due = [cell.path for cell in reruns_due(runs, settings, args.attempt)]
         stopped = [
             f"{key} trial {trial}: {', '.join(kinds)}"
-            for key, trial, kinds in stopped_reruns(runs, config)
-            if attempt_of(trial, int(config["trials"])) == args.attempt
+            for key, trial, kinds in stopped_reruns(runs, settings)
+            if attempt_of(trial, settings.trials) == args.attempt
         ]
         answer = {"attempt": args.attempt, "reruns": due, "stopped": stopped}
         write_atomic(args.out, json.dumps(answer, indent=1))

@@ -17,7 +17,7 @@ import sys
 import jinja2
 import pandas as pd
 
-from ptspeed.analysis.aggregate import read_mapping
+from ptspeed.analysis.aggregate import read_mapping, read_settings
 from ptspeed.analysis.columns import read_table
 from ptspeed.analysis.compare_inputs import read_runs
 from ptspeed.entrypoint import PROJECT_ERRORS, one_line_errors
@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     with one_line_errors(*PROJECT_ERRORS, KeyError, jinja2.TemplateError, unexpected=True):
         tables = [read_csv(path) for path in (args.runs, args.summary, args.speedups)]
         steps = read_csv(args.steps) if args.steps else None
-        config, claims = read_mapping(args.config), read_mapping(args.claims)
+        settings, claims = read_settings(args.config), read_mapping(args.claims)
         earlier = read_runs(args.earlier) if args.earlier else None
         render(
-            *tables, config, claims, args.out_dir, templates_dir=args.templates_dir, steps=steps,
+            *tables, settings, claims, args.out_dir, templates_dir=args.templates_dir, steps=steps,
             earlier=earlier,
         )  # fmt: skip
     return 0

@@ -28,7 +28,7 @@ are :mod:`ptspeed.analysis.columns`. Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,12 @@ from ptspeed.analysis.first_trial_gate import share_first_trial_gate
 from ptspeed.analysis.late_numerics import check_late_losses
 from ptspeed.analysis.records import read_row, step_rows
 from ptspeed.analysis.reruns import rerun_columns
+from ptspeed.plan.schema import settings_from
+from ptspeed.plan.settings import Settings
 
 
 def load_tables(
-    paths: Iterable[str | Path], config: Mapping[str, Any] | None = None
+    paths: Iterable[str | Path], settings: Settings | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The runs frame (:data:`RUNS_COLUMNS`, one row per path, in the order given) and the steps
     frame (:data:`STEPS_COLUMNS`, one row per measured step of each ``ok`` record).
@@ -55,17 +57,17 @@ def load_tables(
     ``numerics_mismatch`` and its steps leave the steps frame, as do the later trials of a cell
     whose first trial failed its numerics gate
     (:func:`ptspeed.analysis.first_trial_gate.share_first_trial_gate`). Every ok trial is then
-    judged quiet or perturbed from its recorded conditions with ``config``'s thresholds
+    judged quiet or perturbed from its recorded conditions with the ``settings``' thresholds
     (:func:`ptspeed.analysis.conditions.judge_runs`).
 
     A path with no file gives a row with status ``missing``; a file that cannot be opened, is not
     JSON, or is not a record gives a row with status ``unreadable``; both reasons name the path.
-    With ``config`` (the effective config), a record of another cell than the config asks for
+    With ``settings`` (the effective config's), a record of another cell than the config asks for
     at its path (:func:`ptspeed.analysis.staleness.stale_reason`) gives a row with status ``stale``.
     """
     rows, steps = [], []
     for path in map(Path, paths):
-        row, step_times = read_row(path, config)
+        row, step_times = read_row(path, settings)
         rows.append(row)
         if row["status"] == "ok":
             steps.extend(step_rows(row, step_times))
@@ -73,7 +75,7 @@ def load_tables(
     runs[JOULES_PER_SAMPLE] = joules_per_sample(runs)
     read_ok = runs["status"] == "ok"
     runs = check_late_losses(share_first_trial_gate(runs))
-    runs = rerun_columns(judge_runs(runs, config), config)
+    runs = rerun_columns(judge_runs(runs, settings), settings)
     steps = typed_steps(pd.DataFrame(steps, columns=STEPS_COLUMNS))
     return runs, _steps_of_ok_trials(steps, runs[read_ok & (runs["status"] != "ok")])
 
@@ -105,6 +107,18 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: top level is not a mapping")
     return data
+
+
+def read_settings(path: str | Path) -> Settings:
+    """The settings of an effective config file (``results/config.json``), the schema's
+    defaults filling what an older one lacks; :class:`ValueError` naming the file for a mapping
+    that is not a ptspeed config."""
+    try:
+        return settings_from(read_mapping(path))
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(
+            f"{path}: not a ptspeed config ({type(error).__name__}: {error})"
+        ) from None
 
 
 def records_listed_in(path: str | Path) -> list[str]:

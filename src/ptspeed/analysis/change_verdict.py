@@ -7,13 +7,11 @@ that follow (:func:`judged`) by the numbers of a :class:`Rule`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ptspeed.analysis import ranks
-from ptspeed.analysis.compare_inputs import defaults_of
 from ptspeed.analysis.machine_change import MACHINE_CHANGE, Machine
+from ptspeed.plan.settings import Settings
 
 FASTER, SLOWER, SAME, NOT_COMPARABLE = "+", "-", " ", "x"
 # Two runs of identical code differ by up to this ratio (95 %): measured, see the docstring of
@@ -31,10 +29,9 @@ class Rule:
     min_window_s: float
 
     @classmethod
-    def of(cls, config: Mapping[str, Any] | None) -> Rule:
-        """The rule a run's config sets (the schema's defaults filling the gaps)."""
-        defaults = defaults_of(config, "")
-        return cls(defaults.min_effect, AA_SPREAD, defaults.min_window_s)
+    def of(cls, settings: Settings) -> Rule:
+        """The rule a run's settings set."""
+        return cls(settings.compare.min_effect, AA_SPREAD, settings.conditions.min_window_s)
 
 
 def corrected(

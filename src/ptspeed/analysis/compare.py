@@ -189,9 +189,7 @@ def cells_of(
     # Only the same platform is compared across runs; a run without platforms is one unnamed.
     known = known_rows(runs)
     rates = pd.to_numeric(known["throughput_samples_per_s"], errors="coerce")
-    rates = rates.where(
-        counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
-    )
+    rates = rates.where(counted_in_speedups(known, keep_perturbed))
     cells: dict[tuple[Any, ...], dict[str, Any]] = {}
     columns = [known[key].tolist() for key in CELL_KEYS]
     machines = [machine_key(row) for row in known.to_dict("records")]

@@ -66,6 +66,7 @@ from ptspeed.analysis.trial_readings import (
 )
 from ptspeed.cell.record_window import Conditions
 from ptspeed.plan.schema import fill_defaults, load_schema
+from ptspeed.plan.settings import Settings
 
 # Per-rank lists stay in the records.
 CONDITION_COLUMNS = [
@@ -180,14 +181,15 @@ def settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
     return filled["conditions"]
 
 
-def judge_runs(runs: pd.DataFrame, config: Mapping[str, Any] | None = None) -> pd.DataFrame:
+def judge_runs(runs: pd.DataFrame, run: Settings | None = None) -> pd.DataFrame:
     """``runs`` with ``perturbed`` and ``perturbed_reason`` set for every ok trial, each round's
-    trials against the run's typical trial of the rounds up to theirs (:func:`judgement_rounds`)."""
-    thresholds = settings(config)
+    trials against the run's typical trial of the rounds up to theirs (:func:`judgement_rounds`),
+    by the ``run``'s thresholds (without settings, the schema's defaults)."""
+    thresholds = run.conditions.to_mapping() if run is not None else settings(None)
     runs = runs.copy()
     rows = runs.to_dict("records")
     verdicts: list[tuple[Any, str]] = [(pd.NA, "")] * len(rows)
-    rounds = judgement_rounds(runs, config)
+    rounds = judgement_rounds(runs, run)
     for attempt in sorted(set(rounds)):
         pool = [row for row, a in zip(rows, rounds, strict=True) if a <= attempt]
         judged = {
@@ -203,11 +205,11 @@ def judge_runs(runs: pd.DataFrame, config: Mapping[str, Any] | None = None) -> p
     return runs
 
 
-def judgement_rounds(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> list[int]:
+def judgement_rounds(runs: pd.DataFrame, run: Settings | None) -> list[int]:
     """Each row's round (0: a configured trial, ``a``: its ``a``-th rerun, trial number //
-    ``trials``); all 0 where the config gives no trials (one judgement over every row)."""
-    trials = (config or {}).get("trials")
-    if "trial" not in runs.columns or not isinstance(trials, int) or trials < 1:
+    ``trials``); all 0 without settings or their trials (one judgement over every row)."""
+    trials = run.trials if run is not None else None
+    if "trial" not in runs.columns or trials is None:
         return [0] * len(runs)
     numbers = pd.to_numeric(runs["trial"], errors="coerce")
     return [0 if pd.isna(n) else int(n) // trials for n in numbers]
@@ -368,9 +370,9 @@ def _probe_off(row: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str:
     )
 
 
-def counted_in_speedups(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> pd.Series:
+def counted_in_speedups(runs: pd.DataFrame, keep_perturbed: bool) -> pd.Series:
     """Which rows a speedup may use: all but the perturbed, unless ``keep_perturbed``."""
-    if settings(config)["keep_perturbed"] or "perturbed" not in runs.columns:
+    if keep_perturbed or "perturbed" not in runs.columns:
         return pd.Series(True, index=runs.index)
     return ~runs["perturbed"].astype("boolean").fillna(False).astype(bool)
 

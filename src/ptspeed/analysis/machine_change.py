@@ -54,7 +54,7 @@ def probe_speeds(runs: pd.DataFrame, keep_perturbed: bool = False) -> dict[Machi
     """Per machine key, the machine's speed (1 / probe_s) of each ok trial a cell counts
     (the perturbed left out unless ``keep_perturbed``); trials without probes in no key."""
     known = known_rows(runs)
-    counted = counted_in_speedups(known, {"conditions": {"keep_perturbed": keep_perturbed}})
+    counted = counted_in_speedups(known, keep_perturbed)
     speeds: dict[MachineKey, list[float]] = {}
     for row, use in zip(known.to_dict("records"), counted, strict=True):
         seconds = probe_s(row) if use and row.get("status") == "ok" else math.nan

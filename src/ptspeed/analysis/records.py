@@ -38,19 +38,18 @@ from ptspeed.analysis.staleness import STALE, stale_reason
 from ptspeed.cell.record import STATUSES, CellSpec, NumericsCheck, Provenance, Record
 from ptspeed.cell.record_window import Conditions, Metrics
 from ptspeed.plan.layout import cell_from_path
+from ptspeed.plan.settings import Settings
 
 
 class RecordError(ValueError):
     """A file that exists but is not a cell record."""
 
 
-def read_row(
-    path: Path, config: Mapping[str, Any] | None = None
-) -> tuple[dict[str, Any], list[Any]]:
+def read_row(path: Path, settings: Settings | None = None) -> tuple[dict[str, Any], list[Any]]:
     """The runs row of one listed path and its step times: a stand-in row (``missing``,
     ``unreadable``, ``stale``, with the reason) and no steps where it holds no usable record.
     The sizes its model does not use are blank (:func:`without_unused_sizes`)."""
-    row, step_times = _read_row(path, config)
+    row, step_times = _read_row(path, settings)
     return without_unused_sizes(row), step_times
 
 
@@ -61,7 +60,7 @@ def without_unused_sizes(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, **dict.fromkeys(unused_sizes(row.get("model")))}
 
 
-def _read_row(path: Path, config: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[Any]]:
+def _read_row(path: Path, settings: Settings | None) -> tuple[dict[str, Any], list[Any]]:
     try:
         data = _parse_record(path)
     except FileNotFoundError:
@@ -69,7 +68,7 @@ def _read_row(path: Path, config: Mapping[str, Any] | None) -> tuple[dict[str, A
     except (OSError, UnicodeDecodeError, ValueError) as error:
         return _stand_in_row(path, UNREADABLE, f"{path}: {error}"), []
     row = flatten_data(data)
-    stale = stale_reason(row, cell_from_path(path), config) if config is not None else ""
+    stale = stale_reason(row, cell_from_path(path), settings) if settings is not None else ""
     if stale:
         return _stale_row(path, row, stale), []
     step_times = (data.get("metrics") or {}).get("step_times_s")

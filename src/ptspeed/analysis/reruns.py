@@ -24,25 +24,23 @@ Pure; no torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis.conditions import reason_kinds, settings
+from ptspeed.analysis.conditions import reason_kinds
 from ptspeed.plan.layout import Cell
+from ptspeed.plan.settings import Settings
 
 RERUN_COLUMNS = ["rerun_of", "attempt"]
 
 
-def max_reruns(config: Mapping[str, Any] | None) -> int:
-    """How many times a perturbed trial may run again (``conditions.reruns``)."""
-    return int(settings(config)["reruns"])
-
-
-def trial_limit(config: Mapping[str, Any]) -> int:
-    """One past the highest trial number the config can produce, reruns included."""
-    return int(config["trials"]) * (1 + max_reruns(config))
+def trial_limit(settings: Settings) -> int | None:
+    """One past the highest trial number the config can produce, reruns included (None: the
+    config names no trials)."""
+    if settings.trials is None:
+        return None
+    return settings.trials * (1 + settings.conditions.reruns)
 
 
 def attempt_of(trial: int, trials: int) -> int:
@@ -50,15 +48,15 @@ def attempt_of(trial: int, trials: int) -> int:
     return trial // trials
 
 
-def reruns_due(runs: pd.DataFrame, config: Mapping[str, Any], attempt: int) -> list[Cell]:
+def reruns_due(runs: pd.DataFrame, settings: Settings, attempt: int) -> list[Cell]:
     """The cells of the next round: a rerun of every trial of round ``attempt`` that ``runs``
     (judged, :func:`ptspeed.analysis.conditions.judge_runs`) marks perturbed, while the
     config's reruns last, but for those whose every rule flagged the attempt they repeat too
     (:func:`stopped_reruns`)."""
-    if attempt >= max_reruns(config):
+    trials = settings.trials
+    if trials is None or attempt >= settings.conditions.reruns:
         return []
-    trials = int(config["trials"])
-    stopped = {(key, trial) for key, trial, _ in stopped_reruns(runs, config)}
+    stopped = {(key, trial) for key, trial, _ in stopped_reruns(runs, settings)}
     due = []
     for cell, trial, kinds in _perturbed_trials(runs, trials):
         if attempt_of(trial, trials) == attempt and kinds and (cell.key, trial) not in stopped:
@@ -67,12 +65,12 @@ def reruns_due(runs: pd.DataFrame, config: Mapping[str, Any], attempt: int) -> l
 
 
 def stopped_reruns(
-    runs: pd.DataFrame, config: Mapping[str, Any] | None
+    runs: pd.DataFrame, settings: Settings | None
 ) -> list[tuple[str, int, list[str]]]:
     """The reruns perturbed again by the same rule: (cell key, trial number, the rules that
     flagged both it and the attempt it repeats), for each rerun all of whose rules did."""
-    trials = (config or {}).get("trials")
-    if not isinstance(trials, int) or trials < 1 or "record_path" not in runs.columns:
+    trials = settings.trials if settings is not None else None
+    if trials is None or "record_path" not in runs.columns:
         return []
     flagged = {(cell.key, trial): kinds for cell, trial, kinds in _perturbed_trials(runs, trials)}
     stopped = []
@@ -83,10 +81,10 @@ def stopped_reruns(
     return stopped
 
 
-def stopped_sentence(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> str:
+def stopped_sentence(runs: pd.DataFrame, settings: Settings | None) -> str:
     """One sentence on the reruns stopped because the same rule flagged them again ('' for
     none): how many, and by which rules."""
-    stopped = stopped_reruns(runs, config)
+    stopped = stopped_reruns(runs, settings)
     if not stopped:
         return ""
     counts: dict[str, int] = {}
@@ -117,13 +115,14 @@ def _perturbed_trials(runs: pd.DataFrame, trials: int) -> list[tuple[Cell, int, 
     return found
 
 
-def rerun_columns(runs: pd.DataFrame, config: Mapping[str, Any] | None) -> pd.DataFrame:
+def rerun_columns(runs: pd.DataFrame, settings: Settings | None) -> pd.DataFrame:
     """``runs`` with ``attempt`` (0: a configured trial) and ``rerun_of`` (the configured trial
-    a rerun repeats; blank for the configured trials themselves)."""
+    a rerun repeats; blank for the configured trials themselves; without settings or their
+    trials, every trial a configured one)."""
     runs = runs.copy()
-    trials = (config or {}).get("trials")
     numbers = pd.to_numeric(runs["trial"], errors="coerce").astype("Int64")
-    if not isinstance(trials, int) or trials < 1:
+    trials = settings.trials if settings is not None else None
+    if trials is None:
         runs["attempt"] = pd.array([0 if pd.notna(n) else pd.NA for n in numbers], "Int64")
         runs["rerun_of"] = pd.array([pd.NA] * len(runs), "Int64")
         return runs

@@ -1,8 +1,7 @@
 """The speedups table: the configured comparisons, each with its speedup, interval and p-value.
 
 Owns :func:`speedups` (one row per comparison, model and mode, plus a row for each model a
-comparison's claim names that the matrix does not run), the check that a config has what it
-reads (:func:`check_speedup_config`), the choice of the size both sides are
+comparison's claim names that the matrix does not run), the choice of the size both sides are
 compared at, the speedup of the ``ok`` trials with its exact interval
 (:func:`ptspeed.analysis.ranks.speedup`), and where each side was measured. Claims and verdicts
 are :mod:`ptspeed.analysis.claims`. Pure; no torch.
@@ -32,9 +31,8 @@ from ptspeed.analysis.columns import (
 from ptspeed.analysis.conditions import counted_in_speedups, perturbed_counts, reason_kinds
 from ptspeed.analysis.energy import JOULES_PER_SAMPLE
 from ptspeed.analysis.late_numerics import precision_of
-from ptspeed.analysis.reruns import max_reruns
-from ptspeed.errors import ConfigError
 from ptspeed.plan.layout import configured_sizes
+from ptspeed.plan.settings import Comparison, Settings, Side
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,7 @@ class _Index:
 
 def speedups(
     summary: pd.DataFrame,
-    config: Mapping[str, Any],
+    settings: Settings,
     claims: Mapping[str, Any] | None = None,
     runs: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
@@ -82,7 +80,7 @@ def speedups(
     ``runs`` it is the ratio of the summary's medians; NaN when either side has no ok trial.
     Published figures come from ``claims`` (the parsed ``claims.yaml``) through the comparison's
     ``claim`` key. Where the summary holds several sizes of one cell, the size set in
-    the configuration for ``config['device']`` is used, else the largest batch both sides share.
+    the configuration for the settings' ``device`` is used, else the largest batch both sides share.
     Each side carries what the compiler did in its cell (``candidate_median_graph_breaks``
     and the rest of :data:`ptspeed.analysis.columns.COMPILER_COLUMNS`, from the summary).
     With ``runs`` (the per-trial records), each speedup gets its exact interval
@@ -90,49 +88,30 @@ def speedups(
     n (``speedup_confidence``: below 0.95 where too few trials reach 0.95) and a Mann-Whitney
     p-value, and claims get a verdict.
     """
-    check_speedup_config(config)
     claims = claims or {}
-    sides = _side_index(runs, config) if runs is not None else None
+    sides = _side_index(runs, settings) if runs is not None else None
     index = _Index(_summary_index(summary), sides)
     rows = []
-    for name, comparison in config["comparisons"].items():
-        for platform in platform_names(config):
-            for model in config["models"]:
-                for mode in config["modes"]:
+    for name, comparison in settings.comparisons.items():
+        for platform in platform_names(settings):
+            for model in settings.models:
+                for mode in settings.modes:
                     place = (platform, model, mode)
-                    rows.append(_speedup_row(index, config, claims, name, comparison, place))
-        rows.extend(_unmatrixed_claim_rows(config, claims, name, comparison))
+                    rows.append(_speedup_row(index, settings, claims, name, comparison, place))
+        rows.extend(_unmatrixed_claim_rows(settings, claims, name, comparison))
     return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
 
 
-def platform_names(config: Mapping[str, Any]) -> list[str]:
-    """The platforms of a run's config ('' alone for a run without platforms)."""
-    return list(config.get("platforms") or {}) or [""]
+def platform_names(settings: Settings) -> list[str]:
+    """The platforms of a run ('' alone for a run without platforms)."""
+    return list(settings.platforms) or [""]
 
 
-def not_planned(config: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+def not_planned(settings: Settings) -> dict[tuple[str, str], str]:
     """Why each (platform, environment) pair the plan left out was left out: the effective
     config's ``platform_plan`` (ptspeed.plan.platforms)."""
-    plan = config.get("platform_plan") or {}
-    return {(row["platform"], row["env"]): row["reason"] for row in plan.get("cannot_run", [])}
-
-
-def check_speedup_config(config: Mapping[str, Any]) -> None:
-    """Raise :class:`ConfigError` unless ``config`` has what :func:`speedups` reads."""
-    shapes = {"comparisons": Mapping, "models": (Mapping, list), "modes": list}
-    for key, shape in shapes.items():
-        if not isinstance(config.get(key), shape):
-            raise ConfigError(f"config: '{key}' is missing or not a {_shape_name(shape)}")
-    for name, comparison in config["comparisons"].items():
-        for side in ("baseline", "candidate"):
-            spec = comparison.get(side) if isinstance(comparison, Mapping) else None
-            if not isinstance(spec, Mapping) or not {"env", "variant"} <= spec.keys():
-                raise ConfigError(f"config: comparison '{name}': '{side}' needs env and variant")
-
-
-def _shape_name(shape: type | tuple[type, ...]) -> str:
-    kinds = shape if isinstance(shape, tuple) else (shape,)
-    return " or ".join("mapping" if kind is Mapping else kind.__name__ for kind in kinds)
+    left_out = settings.platform_plan.get("cannot_run", ())
+    return {(row["platform"], row["env"]): row["reason"] for row in left_out}
 
 
 def _summary_index(summary: pd.DataFrame) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
@@ -143,8 +122,8 @@ def _summary_index(summary: pd.DataFrame) -> dict[tuple[Any, ...], list[dict[str
     return index
 
 
-def _side_index(runs: pd.DataFrame, config: Mapping[str, Any]) -> dict[tuple[Any, ...], _Side]:
-    counted = counted_in_speedups(runs, config)
+def _side_index(runs: pd.DataFrame, settings: Settings) -> dict[tuple[Any, ...], _Side]:
+    counted = counted_in_speedups(runs, settings.conditions.keep_perturbed)
     runs = runs.assign(platform=platform_column(runs), _counted=counted.to_numpy())
     if "perturbed" not in runs.columns:
         runs = runs.assign(perturbed=pd.NA, perturbed_reason="")
@@ -192,17 +171,17 @@ def _device_label(device_name: Any, device_class: str) -> str:
 
 def _speedup_row(
     index: _Index,
-    config: Mapping[str, Any],
+    settings: Settings,
     claims: Mapping[str, Any],
     name: str,
-    comparison: Mapping[str, Any],
+    comparison: Comparison,
     place: tuple[str, str, str],
 ) -> dict[str, Any]:
     platform, model, mode = place
-    base_spec, cand_spec = comparison["baseline"], comparison["candidate"]
-    base_rows = index.cells.get((platform, base_spec["env"], base_spec["variant"], model, mode), [])
-    cand_rows = index.cells.get((platform, cand_spec["env"], cand_spec["variant"], model, mode), [])
-    configured = configured_sizes(config, model, config.get("device")) or {}
+    base_spec, cand_spec = comparison.sides
+    base_rows = index.cells.get((platform, base_spec.env, base_spec.variant, model, mode), [])
+    cand_rows = index.cells.get((platform, cand_spec.env, cand_spec.variant, model, mode), [])
+    configured = configured_sizes(settings, model, settings.device) or {}
     size = _chosen_size(base_rows, cand_rows, configured)
     base, cand = _at_size(base_rows, size), _at_size(cand_rows, size)
     row = {
@@ -215,21 +194,21 @@ def _speedup_row(
     }
     sides = _trial_sides(index, base_spec, cand_spec, place, size)
     row.update(
-        _counted_trials("baseline", sides[0], config)
-        | _counted_trials("candidate", sides[1], config)
+        _counted_trials("baseline", sides[0], settings)
+        | _counted_trials("candidate", sides[1], settings)
     )
     row["speedup"] = _ratio(row["candidate_samples_per_s"], row["baseline_samples_per_s"])
     row.update(_interval(*sides, row["speedup"]))
     row.update(_measured_on(*sides))
-    row["verdict"], row["verdict_reason"] = verdict(row, claims, config.get("device", ""))
+    row["verdict"], row["verdict_reason"] = verdict(row, claims, settings.device)
     row[breakdown.SENTENCE] = breakdown.explain(
         breakdown.side(row, "baseline_"), breakdown.side(row, "candidate_")
     )
-    left_out_pairs = not_planned(config)
+    left_out_pairs = not_planned(settings)
     left_out = [
         reason
         for spec in (base_spec, cand_spec)
-        if (reason := left_out_pairs.get((platform, spec["env"])))
+        if (reason := left_out_pairs.get((platform, spec.env)))
     ]
     if left_out:
         row["verdict"], row["verdict_reason"] = NOT_MEASURED, "; ".join(dict.fromkeys(left_out))
@@ -237,18 +216,18 @@ def _speedup_row(
 
 
 def _comparison_fields(
-    name: str, comparison: Mapping[str, Any], claims: Mapping[str, Any], model: str
+    name: str, comparison: Comparison, claims: Mapping[str, Any], model: str
 ) -> dict[str, Any]:
-    group = comparison.get("claim") or ""
+    group = comparison.claim
     group_claims = claims.get(group) if isinstance(claims.get(group), Mapping) else {}
     return {
         "comparison": name,
-        "title": comparison.get("title", name),
+        "title": comparison.title or name,
         "model": model,
-        "baseline_env": comparison["baseline"]["env"],
-        "baseline_variant": comparison["baseline"]["variant"],
-        "candidate_env": comparison["candidate"]["env"],
-        "candidate_variant": comparison["candidate"]["variant"],
+        "baseline_env": comparison.baseline.env,
+        "baseline_variant": comparison.baseline.variant,
+        "candidate_env": comparison.candidate.env,
+        "candidate_variant": comparison.candidate.variant,
         "claim": group,
         **published_figures(claims, group, model),
         "claim_device": str(group_claims.get("device") or ""),
@@ -257,17 +236,17 @@ def _comparison_fields(
 
 
 def _unmatrixed_claim_rows(
-    config: Mapping[str, Any], claims: Mapping[str, Any], name: str, comparison: Mapping[str, Any]
+    settings: Settings, claims: Mapping[str, Any], name: str, comparison: Comparison
 ) -> list[dict[str, Any]]:
     """Rows for the models a comparison's claim names but the matrix does not run."""
-    group = comparison.get("claim")
+    group = comparison.claim
     group_claims = claims.get(group) if group else None
     claimed = group_claims.get("models") if isinstance(group_claims, Mapping) else None
     if not isinstance(claimed, Mapping):
         return []
     rows = []
     for model in claimed:
-        if model in config["models"]:
+        if model in settings.models:
             continue
         row = {
             **_comparison_fields(name, comparison, claims, model),
@@ -287,16 +266,16 @@ def _unmatrixed_claim_rows(
 
 def _trial_sides(
     index: _Index,
-    base_spec: Mapping[str, Any],
-    cand_spec: Mapping[str, Any],
+    base_spec: Side,
+    cand_spec: Side,
     place: tuple[str, str, str],
     size: tuple[int | None, ...] | None,
 ) -> tuple[_Side | None, _Side | None]:
     if index.sides is None or size is None:
         return None, None
     platform, model, mode = place
-    base = index.sides.get((platform, base_spec["env"], base_spec["variant"], model, mode, *size))
-    cand = index.sides.get((platform, cand_spec["env"], cand_spec["variant"], model, mode, *size))
+    base = index.sides.get((platform, base_spec.env, base_spec.variant, model, mode, *size))
+    cand = index.sides.get((platform, cand_spec.env, cand_spec.variant, model, mode, *size))
     return base, cand
 
 
@@ -408,7 +387,7 @@ def _compiler_side(prefix: str, row: Mapping[str, Any] | None) -> dict[str, Any]
     }
 
 
-def _counted_trials(prefix: str, side: _Side | None, config: Mapping[str, Any]) -> dict[str, Any]:
+def _counted_trials(prefix: str, side: _Side | None, settings: Settings) -> dict[str, Any]:
     """A side's median and trial count over the trials its speedup uses (the quiet ones,
     unless conditions.keep_perturbed), how many ok trials were perturbed and by what, and why
     fewer trials than configured were counted (:func:`uncounted`)."""
@@ -423,17 +402,17 @@ def _counted_trials(prefix: str, side: _Side | None, config: Mapping[str, Any]) 
         f"{prefix}_trials": len(side.rates),
         f"{prefix}_perturbed_trials": side.perturbed,
         f"{prefix}_perturbed_reasons": kinds["perturbed_reasons"],
-        f"{prefix}_uncounted": uncounted(side.trials, config),
+        f"{prefix}_uncounted": uncounted(side.trials, settings),
     }
 
 
-def uncounted(trials: Sequence[_Trial], config: Mapping[str, Any]) -> str:
+def uncounted(trials: Sequence[_Trial], settings: Settings) -> str:
     """Why a cell counted fewer trials than the config's ``trials``: per configured trial that
     none of its attempts (:mod:`ptspeed.analysis.reruns`) counts, what its last attempt was —
     perturbed, by which rule and why it was not run again, or its status; '' where every
     configured trial counts (or the config names no trials)."""
-    configured = config.get("trials")
-    if not isinstance(configured, int) or isinstance(configured, bool) or configured < 1:
+    configured = settings.trials
+    if configured is None:
         return ""
     counted = {t.number % configured for t in trials if t.counted and t.number >= 0}
     if len(counted) >= configured or sum(t.counted for t in trials) >= configured:
@@ -446,7 +425,7 @@ def uncounted(trials: Sequence[_Trial], config: Mapping[str, Any]) -> str:
     for slot in range(configured):
         if slot in counted:
             continue
-        outcome = _slot_outcome(attempts.get(slot, []), configured, max_reruns(config))
+        outcome = _slot_outcome(attempts.get(slot, []), configured, settings.conditions.reruns)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     shown = "; ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
     return f"{len(counted)} of {configured} trials counted ({shown})"

@@ -10,8 +10,8 @@ What is compared: the record's place (the path names environment, model, variant
 and trial), membership of the matrix (the pair is compared, the model, mode and trial are
 configured), the knob string of the variant, the sizes for the device class, the warm-up,
 measured and numerics steps, and the device class. A record of an out-of-memory retry
-(``retried_from_batch_size``) matches at half the configured batch size. Keys the given config
-lacks are not compared. Pure: no I/O, no torch.
+(``retried_from_batch_size``) matches at half the configured batch size. Pure: no I/O, no
+torch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ptspeed.analysis.reruns import max_reruns, trial_limit
+from ptspeed.analysis.reruns import trial_limit
 from ptspeed.models import REGISTRY
 from ptspeed.plan.layout import (
     CELL_PATTERN,
@@ -30,26 +30,25 @@ from ptspeed.plan.layout import (
     platform_directory,
     size_label,
 )
+from ptspeed.plan.settings import Settings
 
 STALE = "stale"
 STEP_FIELDS = {"warmup": "warmup_steps", "measured": "measured_steps", "numerics": "numerics_steps"}
 PLACE_FIELDS = ("env", "model", "variant", "mode", "trial")
 
 
-def stale_reason(
-    cell: Mapping[str, Any], path_cell: Mapping[str, Any], config: Mapping[str, Any]
-) -> str:
-    """Why the recorded ``cell`` is not the one ``config`` asks for at its path ('' if it is).
+def stale_reason(cell: Mapping[str, Any], path_cell: Mapping[str, Any], settings: Settings) -> str:
+    """Why the recorded ``cell`` is not the one ``settings`` ask for at its path ('' if it is).
 
     ``cell`` maps CellSpec field names to the recorded values; ``path_cell`` is the cell the
-    record's path names in the workflow layout ({} elsewhere); ``config`` is the effective
-    config (the device class resolved).
+    record's path names in the workflow layout ({} elsewhere); ``settings`` are the effective
+    config's (the device class resolved).
     """
     problems = _misplaced(cell, path_cell)
-    outside = _outside_matrix(cell, config)
+    outside = _outside_matrix(cell, settings)
     if outside:
         return "; ".join([*problems, *outside])
-    return "; ".join([*problems, *_differences(cell, config)])
+    return "; ".join([*problems, *_differences(cell, settings)])
 
 
 def describe_cell(cell: Mapping[str, Any]) -> str:
@@ -71,61 +70,47 @@ def _misplaced(cell: Mapping[str, Any], path_cell: Mapping[str, Any]) -> list[st
     return []
 
 
-def _outside_matrix(cell: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+def _outside_matrix(cell: Mapping[str, Any], settings: Settings) -> list[str]:
     env, variant, model = cell.get("env"), cell.get("variant"), cell.get("model")
     problems = []
-    if (env, variant) not in _compared_pairs(config):
+    if (env, variant) not in settings.env_variant_pairs():
         problems.append(f"{env}/{variant} is not compared in the config")
-    models = config.get("models")
-    if isinstance(models, Mapping) and model not in models:
+    if model not in settings.models:
         problems.append(f"model {model} is not in the config")
-    platform, platforms = cell.get("platform") or "", config.get("platforms") or {}
-    if platform and platform not in platforms:
+    platform = cell.get("platform") or ""
+    if platform and platform not in settings.platforms:
         problems.append(f"platform {platform} is not in the config's platforms")
-    modes = config.get("modes")
-    if isinstance(modes, list) and cell.get("mode") not in modes:
+    if cell.get("mode") not in settings.modes:
         problems.append(f"mode {cell.get('mode')} is not in the config's modes")
-    trials, trial = config.get("trials"), cell.get("trial")
-    if _is_int(trials) and _is_int(trial) and not 0 <= trial < trial_limit(config):
-        reruns = max_reruns(config)
+    trial, limit = cell.get("trial"), trial_limit(settings)
+    if _is_int(trial) and limit is not None and not 0 <= trial < limit:
         problems.append(
-            f"trial {trial} is outside the config's {trials} trials and their {reruns} reruns"
+            f"trial {trial} is outside the config's {settings.trials} trials and their "
+            f"{settings.conditions.reruns} reruns"
         )
     return problems
 
 
-def _compared_pairs(config: Mapping[str, Any]) -> set[tuple[Any, Any]]:
-    pairs = set()
-    comparisons = config.get("comparisons")
-    for comparison in comparisons.values() if isinstance(comparisons, Mapping) else ():
-        for side in ("baseline", "candidate"):
-            spec = comparison.get(side) if isinstance(comparison, Mapping) else None
-            if isinstance(spec, Mapping):
-                pairs.add((spec.get("env"), spec.get("variant")))
-    return pairs
-
-
-def _differences(cell: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+def _differences(cell: Mapping[str, Any], settings: Settings) -> list[str]:
     problems = []
-    variants = config.get("variants")
-    if isinstance(variants, Mapping) and cell.get("variant") in variants:
-        knobs = variants[cell["variant"]]
-        if cell.get("knobs") != knobs:
-            problems.append(f"knobs {cell.get('knobs')!r}, the config's {knobs!r}")
-    problems.extend(_device_and_sizes(cell, config))
-    steps = config.get("steps")
-    for key, field in STEP_FIELDS.items() if isinstance(steps, Mapping) else ():
-        if key in steps and cell.get(field) != steps[key]:
-            problems.append(f"{field} {cell.get(field)}, the config's {steps[key]}")
+    knobs = settings.variants.get(cell.get("variant"))
+    if knobs is not None and cell.get("knobs") != knobs:
+        problems.append(f"knobs {cell.get('knobs')!r}, the config's {knobs!r}")
+    problems.extend(_device_and_sizes(cell, settings))
+    for key, field in STEP_FIELDS.items():
+        wanted = getattr(settings.steps, key)
+        if cell.get(field) != wanted:
+            problems.append(f"{field} {cell.get(field)}, the config's {wanted}")
     return problems
 
 
-def _device_and_sizes(cell: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    configured, recorded = config.get("device"), _device_class(cell.get("device"))
+def _device_and_sizes(cell: Mapping[str, Any], settings: Settings) -> list[str]:
+    configured, recorded = settings.device, _device_class(cell.get("device"))
     if configured in DEVICE_CLASSES and recorded in DEVICE_CLASSES and configured != recorded:
         return [f"device {cell.get('device')}, the config's {configured}"]
     device = configured if configured in DEVICE_CLASSES else recorded
-    expected = configured_sizes(config, cell.get("model"), device)
+    model = cell.get("model")
+    expected = configured_sizes(settings, model, device) if isinstance(model, str) else None
     if expected is None or _sizes_match(cell, expected):
         return []
     recorded_sizes = {key: cell.get(key) for key in SIZE_KEYS}

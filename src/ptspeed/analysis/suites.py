@@ -32,6 +32,7 @@ import pandas as pd
 
 from ptspeed.analysis.columns import CONFIDENCE, SIZE_KEYS
 from ptspeed.analysis.stats import quantile
+from ptspeed.plan.settings import Settings
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -57,12 +58,12 @@ SUITE_COLUMNS = [
 ]
 
 
-def suite_members(config: Mapping[str, Any]) -> dict[str, list[str]]:
+def suite_members(settings: Settings) -> dict[str, list[str]]:
     """Each suite's models, in the config's order."""
     suites: dict[str, list[str]] = {}
-    for model, entry in (config.get("models") or {}).items():
-        if isinstance(entry, Mapping) and entry.get("suite"):
-            suites.setdefault(str(entry["suite"]), []).append(model)
+    for model, entry in settings.models.items():
+        if entry.suite:
+            suites.setdefault(entry.suite, []).append(model)
     return suites
 
 
@@ -70,11 +71,11 @@ def suite_figures(
     speedups: pd.DataFrame,
     summary: pd.DataFrame,
     runs: pd.DataFrame,
-    config: Mapping[str, Any],
+    settings: Settings,
 ) -> pd.DataFrame:
     """One row per suite, comparison, platform and mode, columns :data:`SUITE_COLUMNS`."""
     rows = []
-    for suite, members in suite_members(config).items():
+    for suite, members in suite_members(settings).items():
         chosen = speedups[speedups["model"].isin(members)]
         for keys, group in chosen.groupby(
             ["comparison", "platform", "mode"], sort=False, dropna=False

@@ -15,10 +15,9 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from ptspeed.envs.containers import (
     CA_SECRET_ID,
@@ -31,6 +30,7 @@ from ptspeed.envs.containers import (
 )
 from ptspeed.envs.image_references import brought_digest, digest_of, strip_scheme, without_tag
 from ptspeed.errors import ConfigError
+from ptspeed.plan.settings import Containers
 
 BUILDERS = ("auto", *ENGINES, "apptainer")
 # How the main process makes the images (SifPlan.to_text), for the cluster jobs it submits
@@ -135,7 +135,7 @@ def apptainer_command(which: Callable[[str], str | None] = shutil.which) -> str 
 
 
 def plan_sif(
-    settings: Mapping[str, Any],
+    containers: Containers,
     usable: Callable[[str], bool],
     which: Callable[[str], str | None] = shutil.which,
     version: Callable[[str], str] = command_version,
@@ -145,9 +145,9 @@ def plan_sif(
     alone (or SingularityCE >= 4.0, ``version`` its ``--version``); raises
     :class:`ConfigError`."""
     command = apptainer_command(which) or APPTAINER_COMMANDS[0]
-    if settings["images"] == "pull":
+    if containers.images == "pull":
         return SifPlan("registry", command=command)
-    builder = settings["builder"]
+    builder = containers.builder
     if builder not in BUILDERS:
         raise ConfigError(f"containers.builder: {builder!r} is not one of {', '.join(BUILDERS)}")
     if builder in ENGINES:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ptspeed.cell.gpu_code import GpuCode, published_code
 from ptspeed.envs.locks import locked_version
 from ptspeed.errors import BadInput, EnvBuildError
+from ptspeed.plan.settings import Settings
 
 # The CUDA build that ``pip install torch==X`` gets from PyPI on Linux x86_64, by version.
 PYPI_CUDA_TAGS = {"1.13.1": "cu117", "2.0.1": "cu117", "2.14.1": "cu130"}
@@ -117,15 +118,15 @@ def environment_record(python: str | os.PathLike[str], code: GpuCode) -> dict[st
 
 
 def environment_codes(
-    config: Mapping[str, Any], workdir: str | os.PathLike[str]
+    settings: Settings, workdir: str | os.PathLike[str]
 ) -> dict[str, GpuCode | None]:
     """:func:`environment_code` of every configured environment (relative paths under
     ``workdir``): what the planner knows of each before any cell runs (of an environment
     without a lock, an image a site brings, what its record says once it is read)."""
-    results = Path(workdir) / str(config["results"])
+    results = Path(workdir) / settings.results
     codes = {}
-    for env, spec in config["environments"].items():
-        lock = spec.get("requirements")
+    for env, spec in settings.environments.items():
+        lock = spec.requirements
         if lock:
             codes[env] = environment_code(results, env, Path(workdir) / lock)
         else:

@@ -17,17 +17,17 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ptspeed.envs.apptainer import DEFINITION, SifPlan, check_driver, default_base_image
 from ptspeed.envs.apptainer_cells import CELL_PYTHON
-from ptspeed.envs.container_config import container_settings, runs_in_image
+from ptspeed.envs.container_config import runs_in_image
 from ptspeed.envs.containers import ENGINES, INSTALL_SCRIPT, UV_REQUIREMENTS
 from ptspeed.envs.engine_calls import forget_pruned_image
 from ptspeed.envs.gpu_code import environment_record_path
 from ptspeed.envs.image_references import is_local_image, strip_scheme, without_tag
 from ptspeed.envs.venvs import venv_dir
 from ptspeed.errors import ConfigError
+from ptspeed.plan.settings import Containers, Environment, Settings
 
 CONTAINER_RUN = Path("workflow/scripts/container_run.py")
 
@@ -38,24 +38,23 @@ def quoted(arguments: Iterable[object]) -> str:
 
 
 class Realisation:
-    """The environments of a filled config as this run realises them. ``project``: the
-    checkout (its scripts/ and docker/); ``workdir``: Snakemake's working directory, which
-    relative paths of the config are taken from."""
+    """The environments of the settings as this run realises them (on the settings' device
+    class). ``project``: the checkout (its scripts/ and docker/); ``workdir``: Snakemake's
+    working directory, which relative paths of the config are taken from."""
 
     def __init__(
         self,
-        config: Mapping[str, Any],
-        device_class: str,
+        settings: Settings,
         in_apptainer: bool,
         project: Path,
         workdir: Path,
         host_python: str = sys.executable,
     ) -> None:
-        self.environments: Mapping[str, Mapping[str, Any]] = config["environments"]
-        self.containers = container_settings(config)
-        self.results: str = config["results"]
-        self.env_cache = (workdir / Path(config["env_cache"]).expanduser()).resolve()
-        self.device_class = device_class
+        self.environments: Mapping[str, Environment] = settings.environments
+        self.containers: Containers = settings.containers
+        self.results = settings.results
+        self.env_cache = (workdir / Path(settings.env_cache).expanduser()).resolve()
+        self.device_class = settings.device
         self.in_apptainer = in_apptainer
         self.project = project
         self.workdir = workdir
@@ -70,8 +69,8 @@ class Realisation:
     def engine(self, env: str) -> str | None:
         """docker or podman when the cells of ``env`` run in ``docker run`` / ``podman run`` of
         the image the workflow built or pulled; None when they do not (Apptainer, no image)."""
-        if self.runs_in_image(env) and self.containers["runtime"] in ENGINES:
-            return str(self.containers["runtime"])
+        if self.runs_in_image(env) and self.containers.runtime in ENGINES:
+            return self.containers.runtime
         return None
 
     def runs_in_sif(self, env: str) -> bool:
@@ -82,9 +81,9 @@ class Realisation:
         """The image the site brings for ``env`` (kind image), as Snakemake's ``container:``
         takes it: a registry's reference, or a local file's absolute path; '' for others."""
         spec = self.environments[env]
-        if spec["kind"] != "image" or not self.in_apptainer:
+        if spec.kind != "image" or not self.in_apptainer:
             return ""
-        reference = str(spec["image"])
+        reference = spec.image
         if reference.startswith("docker://"):
             # Apptainer 1.3 refuses a tag beside the digest (image_references.without_tag).
             return f"docker://{without_tag(strip_scheme(reference))[0]}"
@@ -125,12 +124,12 @@ class Realisation:
             return [environment_record_path(self.results, env), self.brought_digest(env)]
         if self.runs_in_image(env):
             return [self.sif(env), self.sif_digest(env)]
-        if self.environments[env]["kind"] != "venv":
+        if self.environments[env].kind != "venv":
             return []
         return environment_record_path(self.results, env)
 
     def venv(self, env: str) -> Path:
-        requirements = self.workdir / self.environments[env]["requirements"]
+        requirements = self.workdir / self.environments[env].requirements
         return venv_dir(self.env_cache, env, requirements)
 
     def python(self, env: str) -> str:
@@ -145,7 +144,7 @@ class Realisation:
             return self.container_launcher(env, engine)
         if self.runs_in_image(env):
             return self.apptainer_python(env)
-        if self.environments[env]["kind"] == "host":
+        if self.environments[env].kind == "host":
             return shlex.quote(self.host_python)
         return shlex.quote(str(self.venv(env).resolve() / "bin" / "python"))
 
@@ -169,8 +168,8 @@ class Realisation:
 
     def image_environments(self) -> list[str]:
         """Environments that have an image: built from a lock, or pulled by their reference."""
-        needed = "requirements" if self.containers["images"] == "build" else "container"
-        return [env for env, spec in self.environments.items() if spec.get(needed)]
+        needed = "requirements" if self.containers.images == "build" else "container"
+        return [env for env, spec in self.environments.items() if getattr(spec, needed)]
 
     def sif_environments(self) -> list[str]:
         """Environments whose cells run in an Apptainer image."""
@@ -193,8 +192,8 @@ class Realisation:
         refusals = {}
         for env in sorted(set(used) & set(self.sif_environments())):
             spec = self.environments[env]
-            base = spec.get("base_image") or default_base_image(self.project)
-            lock = self.workdir / spec["requirements"] if spec.get("requirements") else None
+            base = spec.base_image or default_base_image(self.project)
+            lock = self.workdir / spec.requirements if spec.requirements else None
             text = lock.read_text(encoding="utf-8") if lock and lock.is_file() else ""
             try:
                 check_driver(env, base, driver, text)
@@ -218,45 +217,45 @@ class Images:
     engine: str
     sif_plan: SifPlan | None
 
-    def spec(self, env: str) -> Mapping[str, Any]:
+    def spec(self, env: str) -> Environment:
         return self.realisation.environments[env]
 
     def requirements(self, env: str) -> str:
         """The lock an image is built from; raises ConfigError without one."""
-        if not self.spec(env).get("requirements"):
+        if not self.spec(env).requirements:
             raise ConfigError(f"environments.{env}: no requirements to build an image from")
-        return str(self.spec(env)["requirements"])
+        return self.spec(env).requirements
 
     def tag(self, env: str) -> str:
         """The built image's name: the environment's container reference, else a local name."""
-        return self.spec(env).get("container") or f"localhost/ptspeed/{env}:latest"
+        return self.spec(env).container or f"localhost/ptspeed/{env}:latest"
 
     def recipe_options(self, env: str) -> list[object]:
         """Options of workflow/scripts/image.py that say what an image is built from."""
-        settings, workdir = self.realisation.containers, self.realisation.workdir
-        options: list[object] = ["--python", self.spec(env)["python"]]
-        if self.spec(env).get("base_image"):
-            options += ["--base-image", self.spec(env)["base_image"]]
-        if settings["ca_bundle"]:
+        containers, workdir = self.realisation.containers, self.realisation.workdir
+        options: list[object] = ["--python", self.spec(env).python]
+        if self.spec(env).base_image:
+            options += ["--base-image", self.spec(env).base_image]
+        if containers.ca_bundle:
             options += [
                 "--ca-bundle",
-                (workdir / Path(settings["ca_bundle"]).expanduser()).resolve(),
+                (workdir / Path(containers.ca_bundle).expanduser()).resolve(),
             ]
-        if settings["image_dir"] and self.sif_plan:
+        if containers.image_dir and self.sif_plan:
             options += [
                 "--image-dir",
-                (workdir / Path(settings["image_dir"]).expanduser()).resolve(),
+                (workdir / Path(containers.image_dir).expanduser()).resolve(),
             ]
         return options
 
     def build_options(self, env: str) -> str:
         options: list[object] = ["--engine", self.engine, "--tag", self.tag(env)]
-        if self.realisation.containers["push"]:
-            options += ["--push-to", self.realisation.containers["registry"]]
+        if self.realisation.containers.pushes:
+            options += ["--push-to", self.realisation.containers.registry]
         return quoted([*options, *self.recipe_options(env)])
 
     def pull_options(self, env: str) -> str:
-        return quoted(["--engine", self.engine, "--uri", self.spec(env)["container"]])
+        return quoted(["--engine", self.engine, "--uri", self.spec(env).container])
 
     def sif_inputs(self, env: str) -> dict[str, str]:
         """The inputs of rule sif: the engine's image, or the recipe and lock that Apptainer
@@ -281,7 +280,7 @@ class Images:
             )
         options: list[object] = ["--source", plan.source]
         if plan.source == "registry":
-            return quoted([*options, "--uri", self.spec(env)["container"]])
+            return quoted([*options, "--uri", self.spec(env).container])
         if plan.source == "image":
             options += ["--engine", plan.engine, "--manifest", self.realisation.manifest(env)]
         options += ["--requirements", self.requirements(env)]

@@ -13,10 +13,9 @@ same request for a job of one node.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
 
 from ptspeed.errors import ConfigError
+from ptspeed.plan.settings import Cluster, Settings
 
 SLURM_RESOURCE_OF_KEY = {
     "partition": "slurm_partition",
@@ -32,32 +31,29 @@ GPU_REQUESTS = ("gpus", "gres")
 PLUGIN_GPU_TYPE = re.compile(r"^[A-Za-z0-9_.]+$")
 
 
-def slurm_resources(cluster: Mapping[str, Any]) -> dict[str, str]:
+def slurm_resources(cluster: Cluster) -> dict[str, str]:
     """The cell job's scheduler resources for the keys that are set. Unset keys are left out
     rather than passed empty: the plugin turns an empty constraint or qos into ``-C ''`` or
     ``--qos=''``, which sbatch rejects."""
     return {
-        resource: str(cluster[key])
+        resource: str(getattr(cluster, key))
         for key, resource in SLURM_RESOURCE_OF_KEY.items()
-        if cluster.get(key)
+        if getattr(cluster, key)
     }
 
 
-def check_cluster(
-    cluster: Mapping[str, Any],
-    jobs_go_to_scheduler: bool,
-    platforms: Mapping[str, Mapping[str, Any]] | None = None,
-) -> None:
+def check_cluster(settings: Settings, jobs_go_to_scheduler: bool) -> None:
     """Raise :class:`ConfigError` when cells are about to be submitted to a site that requires
     an account or partition the config does not name, for the cluster block or for every
     platform (a platform's partition stands in for the cluster's). Local runs are never
     refused."""
     if not jobs_go_to_scheduler:
         return
+    cluster, platforms = settings.cluster, settings.platforms
     for key in REQUIRABLE_KEYS:
-        if not cluster.get(f"{key}_required") or cluster.get(key):
+        if not getattr(cluster, f"{key}_required") or getattr(cluster, key):
             continue
-        lacking = [name for name, entry in (platforms or {}).items() if not entry.get(key)]
+        lacking = [name for name, entry in platforms.items() if not getattr(entry, key, "")]
         if platforms and key in PLATFORM_KEYS and not lacking:
             continue
         where = f" (platform {lacking[0]} sets none)" if platforms and key in PLATFORM_KEYS else ""
@@ -102,7 +98,7 @@ def check_gpu_limit(limit: int | None, cuda: bool, jobs_go_to_scheduler: bool) -
 
 def cpus_per_cell(
     threads: int,
-    cluster: Mapping[str, Any],
+    cluster: Cluster,
     jobs_go_to_scheduler: bool,
     cores: int,
     gpus: int = 0,
@@ -115,7 +111,7 @@ def cpus_per_cell(
     if threads:
         return threads
     if jobs_go_to_scheduler:
-        return int(cluster["cpus_per_task"])
+        return cluster.cpus_per_task
     if gpus and gpu_limit:
         return max(cores * gpus // gpu_limit, 1)
     return max(cores, 1)

@@ -41,6 +41,7 @@ from ptspeed.errors import ConfigError, InputError
 from ptspeed.plan.layout import runs_csv_of
 from ptspeed.plan.matrix import check_config
 from ptspeed.plan.schema import PROJECT_DIR, SCHEMA_PATH, fill_defaults, load_schema
+from ptspeed.plan.settings import Settings
 from ptspeed.plan.suites import expand_suites
 
 __all__ = ["effective_config_json", "prepare_config", "schema_errors"]
@@ -79,9 +80,10 @@ def prepare_config(
     project_dir: str | os.PathLike[str] = PROJECT_DIR,
     config_files: Iterable[str | os.PathLike[str]] = (),
     schema_path: str | os.PathLike[str] = SCHEMA_PATH,
-) -> str:
-    """Check ``raw`` (Snakemake's config), fill in the schema's defaults in place and return
-    the device class the cells use (``detect_device_class(config['device'])``).
+) -> Settings:
+    """Check ``raw`` (Snakemake's config), fill in the schema's defaults in place (and the
+    suites' members as models) and return its settings, their ``device`` the device class the
+    cells use (``detect_device_class`` of the configured one).
 
     ``config_files`` are the files the config was read from; ``project_dir`` is the directory
     relative paths are taken from (Snakemake's working directory). Raises :class:`ConfigError`
@@ -100,11 +102,12 @@ def prepare_config(
     device_class = detect_device_class(raw["device"])
     try:
         expand_suites(raw)
-        check_config(raw, device_class)
-        _check_claims(raw, project / CLAIMS_FILE)
+        settings = Settings.from_mapping({**raw, "device": device_class})
+        check_config(settings)
+        _check_claims(settings, project / CLAIMS_FILE)
     except ConfigError as exc:
         raise ConfigError(one_line(str(exc))) from None
-    return device_class
+    return settings
 
 
 def effective_config_json(
@@ -116,8 +119,8 @@ def effective_config_json(
     return json.dumps({**config, "device": device_class, "platform_plan": platform_plan or {}})
 
 
-def _check_claims(config: Mapping[str, Any], claims_path: Path) -> None:
-    wanted = {name: c["claim"] for name, c in config["comparisons"].items() if c.get("claim")}
+def _check_claims(settings: Settings, claims_path: Path) -> None:
+    wanted = {name: c.claim for name, c in settings.comparisons.items() if c.claim}
     if not wanted:
         return
     try:

@@ -24,6 +24,7 @@ from typing import Any
 from ptspeed.cell.checks import MODES
 from ptspeed.errors import InputError
 from ptspeed.models import DEFAULT_IMAGE_SIZE, DEFAULT_SEQ_LEN
+from ptspeed.plan.settings import Settings
 
 DEVICE_CLASSES = ("cpu", "cuda")
 DEFAULT_SIZES = {"image_size": DEFAULT_IMAGE_SIZE, "seq_len": DEFAULT_SEQ_LEN}
@@ -155,31 +156,15 @@ def parse_size_label(label: str) -> dict[str, int] | None:
     return {key: int(given[key]) if given[key] else DEFAULT_SIZES[key] for key in SIZE_KEYS}
 
 
-def configured_sizes(
-    config: Mapping[str, Any], model: Any, device_class: Any
-) -> dict[str, Any] | None:
-    """The sizes ``config`` sets for ``model`` on ``device_class``, those it leaves out at
-    their defaults; None when it sets none. A model's sizes are a table per device class, or
-    one table for all."""
-    entry = configured_table(config, model, device_class)
-    if entry is None:
+def configured_sizes(settings: Settings, model: str, device_class: str) -> dict[str, Any] | None:
+    """The sizes ``settings`` sets for ``model`` on ``device_class``, those it leaves out at
+    their defaults; None when it sets none."""
+    table = settings.model_sizes(model, device_class)
+    if table is None:
         return None
-    defaults = {key: entry.get(key, default) for key, default in DEFAULT_SIZES.items()}
-    return {"batch_size": entry["batch_size"], **defaults}
-
-
-def configured_table(
-    config: Mapping[str, Any], model: Any, device_class: Any
-) -> Mapping[str, Any] | None:
-    """The sizes table ``config`` gives ``model`` on ``device_class`` as written (a transformers
-    model's ``shape`` included); None when it gives none."""
-    models = config.get("models")
-    entry = models.get(model) if isinstance(models, Mapping) else None
-    if isinstance(entry, Mapping) and "batch_size" not in entry:
-        entry = entry.get(device_class)
-    if not isinstance(entry, Mapping) or "batch_size" not in entry:
-        return None
-    return entry
+    given = {"image_size": table.image_size, "seq_len": table.seq_len}
+    defaults = {key: given[key] or default for key, default in DEFAULT_SIZES.items()}
+    return {"batch_size": table.batch_size, **defaults}
 
 
 def wildcard_constraints(

@@ -16,8 +16,8 @@ from typing import Any
 
 from ptspeed.cell.gpu_code import GpuCode, unsupported_reason
 from ptspeed.errors import ConfigError
+from ptspeed.plan.settings import PlatformSettings, Settings
 
-PROBE = "probe"
 # Each platform key and the cell job's resource it becomes (snakemake-executor-plugin-slurm).
 PLATFORM_RESOURCES = {"partition": "slurm_partition", "constraint": "constraint"}
 # Resources the executor leaves out when empty (it passes an empty constraint on, as -C '').
@@ -70,25 +70,24 @@ class PlatformPlan:
         }
 
 
-def configured_platforms(config: Mapping[str, Any]) -> tuple[Platform, ...]:
+def configured_platforms(settings: Settings) -> tuple[Platform, ...]:
     """The config's platforms in order; one unnamed platform when it names none."""
-    declared = config.get("platforms") or {}
-    if not declared:
+    if not settings.platforms:
         return (Platform(""),)
-    return tuple(_platform(name, entry) for name, entry in declared.items())
+    return tuple(_platform(name, entry) for name, entry in settings.platforms.items())
 
 
-def _platform(name: str, entry: Mapping[str, Any]) -> Platform:
-    gpu = entry.get("gpu", PROBE)
+def _platform(name: str, entry: PlatformSettings) -> Platform:
     capability, gpu_name = None, ""
-    if gpu != PROBE:
-        capability = parse_capability(str(gpu["capability"]), f"platforms.{name}.gpu.capability")
-        gpu_name = str(gpu.get("name") or "")
+    if isinstance(entry.gpu, Mapping):
+        where = f"platforms.{name}.gpu.capability"
+        capability = parse_capability(str(entry.gpu["capability"]), where)
+        gpu_name = str(entry.gpu.get("name") or "")
     return Platform(
         name=name,
-        partition=str(entry.get("partition") or ""),
-        constraint=str(entry.get("constraint") or ""),
-        gres_type=str(entry.get("gres_type") or ""),
+        partition=entry.partition,
+        constraint=entry.constraint,
+        gres_type=entry.gres_type,
         gpu_name=gpu_name,
         capability=capability,
     )
@@ -102,12 +101,12 @@ def parse_capability(text: str, where: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def platform_plan(config: Mapping[str, Any], codes: Mapping[str, GpuCode | None]) -> PlatformPlan:
+def platform_plan(settings: Settings, codes: Mapping[str, GpuCode | None]) -> PlatformPlan:
     """The platforms and what cannot run on each: an environment whose GPU code (``codes``,
     ptspeed.envs.gpu_code.environment_codes) has nothing the platform's GPU runs. Platforms
     whose GPU is probed, and environments whose code is unknown (a container of the user's),
     are planned: their cells check on arrival."""
-    platforms = configured_platforms(config)
+    platforms = configured_platforms(settings)
     reasons = {
         (platform.name, env): unsupported_reason(code, platform.capability, platform.gpu_name)
         for platform in platforms

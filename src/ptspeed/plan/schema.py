@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from ptspeed.plan.settings import Settings
+
 PROJECT_DIR = Path(__file__).resolve().parents[3]
 SCHEMA_PATH = PROJECT_DIR / "workflow" / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG_PATH = PROJECT_DIR / "config" / "config.yaml"
@@ -30,14 +32,21 @@ def load_schema(path: str | os.PathLike[str] = SCHEMA_PATH) -> dict[str, Any]:
 
 def fill_defaults(instance: Any, schema: Mapping[str, Any]) -> None:
     """Set every absent property that has a ``default`` in ``schema``, recursively through
-    ``properties`` (a default ``{}`` gets its own properties' defaults too)."""
+    ``properties`` (a default ``{}`` gets its own properties' defaults too) and the entries of
+    a mapping of names (``additionalProperties``: a platform's)."""
     if not isinstance(instance, dict):
         return
-    for key, spec in (schema.get("properties") or {}).items():
+    properties = schema.get("properties") or {}
+    for key, spec in properties.items():
         if key not in instance and "default" in spec:
             instance[key] = copy.deepcopy(spec["default"])
         if key in instance:
             fill_defaults(instance[key], spec)
+    entries = schema.get("additionalProperties")
+    if isinstance(entries, Mapping):
+        for key, item in instance.items():
+            if key not in properties:
+                fill_defaults(item, entries)
 
 
 def default_of(*keys: str) -> Any:
@@ -54,3 +63,20 @@ def default_config() -> dict[str, Any]:
         config = yaml.safe_load(handle)
     fill_defaults(config, load_schema())
     return config
+
+
+def settings_from(mapping: Mapping[str, Any]) -> Settings:
+    """The settings of an already validated config (the effective config a script reads,
+    an older snapshot of it), the schema's defaults filling what it lacks but its ``trials``:
+    a config that names none (one written for the tables alone) has no count of trials to
+    judge its records by (``trials`` None), rather than the planner's default."""
+    filled = copy.deepcopy(dict(mapping))
+    fill_defaults(filled, load_schema())
+    if "trials" not in mapping:
+        filled["trials"] = None
+    return Settings.from_mapping(filled)
+
+
+def default_settings() -> Settings:
+    """The settings of the default matrix (config/config.yaml)."""
+    return Settings.from_mapping(default_config())

@@ -75,7 +75,7 @@ def comparison_chart(rows: Sequence[Mapping[str, Any]]) -> Block | None:
 def version_blocks(inputs: ReportInputs) -> list[Block]:
     """Each profiled cell (model, variant, mode) in every torch version, oldest first: its
     stacked bars and what changed from each version to the next, with the traces."""
-    summary, results = inputs.summary, str(inputs.config.get("results", "results"))
+    summary, results = inputs.summary, inputs.settings.results
     torch = torch_versions(inputs.runs)
     chosen = summary[summary["profile_step_s"].notna() & summary["env"].isin(list(torch))]
     bars, rows = [], []

@@ -37,6 +37,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from matplotlib.transforms import blended_transform_factory
 
 from ptspeed.analysis.columns import SIDES
+from ptspeed.plan.settings import Comparison
 
 WIDTH_IN = 6.4
 FONT = 9
@@ -216,7 +217,7 @@ def cell_dots(summary: pd.DataFrame, spec: DotSpec) -> Chart | None:
 DRIFT_HEIGHT_IN = 2.4
 
 
-def drift_plot(runs: pd.DataFrame, comparison: Mapping[str, Any]) -> Chart | None:
+def drift_plot(runs: pd.DataFrame, comparison: Comparison) -> Chart | None:
     """Each ok trial of a comparison's two sides at the minute its measured window started
     (from the run's first), its throughput relative to the median of its model's baseline
     trials: a machine that drifts shows as a slope, a perturbed trial (cross) as an outlier."""
@@ -240,20 +241,19 @@ def drift_plot(runs: pd.DataFrame, comparison: Mapping[str, Any]) -> Chart | Non
     ax.set_ylabel("throughput / baseline\nmedian (per model)", fontsize=FONT)
     figure.subplots_adjust(left=0.14, right=0.98, top=0.95, bottom=0.2)
     alt = (
-        f"Time series of {comparison.get('title') or 'the comparison'}: each ok trial of "
+        f"Time series of {comparison.title or 'the comparison'}: each ok trial of "
         "baseline and candidate at its start time, its throughput relative to its model's "
         "baseline median; perturbed trials as crosses."
     )
     return Chart(alt, _data_uri(figure))
 
 
-def _drift_points(runs: pd.DataFrame, comparison: Mapping[str, Any]) -> pd.DataFrame:
+def _drift_points(runs: pd.DataFrame, comparison: Comparison) -> pd.DataFrame:
     """The ok trials of both sides with a start time: minute, relative throughput, side."""
     ok = runs[(runs["status"] == "ok") & np.isfinite(_numbers(runs["window_started_unix_s"]))]
     parts = []
-    for side in SIDES:
-        spec = comparison[side]
-        chosen = ok[(ok["env"] == spec["env"]) & (ok["variant"] == spec["variant"])]
+    for side, spec in zip(SIDES, comparison.sides, strict=True):
+        chosen = ok[(ok["env"] == spec.env) & (ok["variant"] == spec.variant)]
         parts.append(chosen.assign(_side=side))
     frame = pd.concat(parts, ignore_index=True)
     rates = _numbers(frame["throughput_samples_per_s"])

@@ -3,7 +3,7 @@ and the method (steps, trials, intervals, tests, tolerances, backend settings).
 
 The method's text is report/templates/method.md.j2; every number in it is injected here from the
 constant the code applies (:func:`code_constants`, read from its module when the text is made) or
-from the run's config (:func:`run_settings`, the one place this module reads it).
+from the run's settings (:func:`run_settings`, the one place this module reads them).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pandas as pd
 from ptspeed.analysis import change_verdict, columns, conditions, late_numerics, ranks, stats
 from ptspeed.analysis.columns import RUNS_COLUMNS
 from ptspeed.cell.measurement import breakdown, numerics, probe_work, telemetry
-from ptspeed.plan.schema import default_config
+from ptspeed.plan.schema import default_settings
+from ptspeed.plan.settings import Environment, Settings
 from ptspeed.render.comparison import rule_sentence
 from ptspeed.render.formatting import (
     BLANK,
@@ -67,7 +68,8 @@ def environments_section(inputs: ReportInputs) -> Section:
     recorded = runs[~runs["status"].isin(["missing", "unreadable"]) & runs["env"].notna()]
     recorded = recorded.assign(gpu=recorded["device_name"].where(recorded["device_index"].notna()))
     groups = {env: recorded[recorded["env"] == env] for env in sorted(recorded["env"].unique())}
-    rows = _environment_rows(recorded.columns, groups, inputs.config.get("environments") or {})
+    settings = inputs.settings
+    rows = _environment_rows(recorded.columns, groups, settings.environments)
     columns = [SETTING, *(Column(env, _of_env(env), wrap=True) for env in groups)]
     records = [{"name": name, "by_env": values} for name, values in rows.items()]
     return Section(
@@ -78,7 +80,7 @@ def environments_section(inputs: ReportInputs) -> Section:
             "disagree; GPU blank on the CPU), with the backend settings they state."
         ),
         blocks=[
-            *platform_blocks(inputs.config, recorded),
+            *platform_blocks(settings, recorded),
             Block(table=Table.of(columns, records if groups else [])),
             *source_blocks(recorded),
         ],
@@ -105,17 +107,17 @@ def source_blocks(recorded: pd.DataFrame) -> list[Block]:
     return [Block(heading="Models by source", note=note, table=Table.of(SOURCE_TABLE, rows))]
 
 
-def platform_blocks(config: Mapping[str, Any], recorded: pd.DataFrame) -> list[Block]:
+def platform_blocks(settings: Settings, recorded: pd.DataFrame) -> list[Block]:
     """What each platform can run: one row per environment, its GPU code, and per platform
     'runs' or why it cannot (from the plan; for a probed GPU, from its cells' records)."""
-    plan = config.get("platform_plan") or {}
+    plan = settings.platform_plan
     platforms = [p for p in plan.get("platforms", []) if p.get("name")]
     if not platforms:
         return []
     cannot = {(row["platform"], row["env"]): row["reason"] for row in plan.get("cannot_run", [])}
     codes = plan.get("codes") or {}
     rows = []
-    for env in config.get("environments") or {}:
+    for env in settings.environments:
         row = {"env": env, "code": _code_label(codes.get(env))}
         for platform in platforms:
             name = platform["name"]
@@ -168,7 +170,7 @@ def _probed(recorded: pd.DataFrame, platform: str, env: str, declared: Mapping[s
 
 
 def _environment_rows(
-    recorded: pd.Index, groups: Mapping[str, pd.DataFrame], configured: Mapping[str, Any]
+    recorded: pd.Index, groups: Mapping[str, pd.DataFrame], configured: Mapping[str, Environment]
 ) -> dict[str, dict[str, str]]:
     """Each row's label and its value per environment (the records' distinct values)."""
     fields = {
@@ -177,7 +179,7 @@ def _environment_rows(
         if column in recorded
     }
     return {
-        "kind": {env: _kind(configured.get(env) or {}) for env in groups},
+        "kind": {env: _kind(configured.get(env)) for env in groups},
         "records": {env: str(len(group)) for env, group in groups.items()},
         # Backend settings only where some record states them (older records lack them).
         **{
@@ -188,11 +190,13 @@ def _environment_rows(
     }
 
 
-def _kind(spec: Mapping[str, Any]) -> str:
+def _kind(spec: Environment | None) -> str:
     """How an environment was realised; an image a site brings, with its reference."""
-    if spec.get("kind") == "image":
-        return f"brought: {spec.get('image')}"
-    return format_text(spec.get("kind"))
+    if spec is None:
+        return format_text(None)
+    if spec.kind == "image":
+        return f"brought: {spec.image}"
+    return format_text(spec.kind)
 
 
 def _of_env(env: str) -> Callable[[Row], str]:
@@ -215,9 +219,8 @@ not edit by hand. A report states the same rules at its own run's config.
 
 def method_rules() -> str:
     """The Method section at the default config, as the guide's Markdown page."""
-    config = default_config()
     runs, empty = pd.DataFrame(columns=RUNS_COLUMNS), pd.DataFrame()
-    section = method_section(ReportInputs(runs, empty, empty, config, claims={}))
+    section = method_section(ReportInputs(runs, empty, empty, default_settings(), claims={}))
     tables = [
         markdown_table(["", "how"], [[str(cell) for cell in row] for row in block.table.rows])
         for block in section.blocks
@@ -234,7 +237,7 @@ def method_section(inputs: ReportInputs) -> Section:
         .get_template(METHOD_TEMPLATE)
         .render(
             code=code_constants(),
-            run=run_settings(inputs.config),
+            run=run_settings(inputs.settings),
             records={"backend_settings": _backend_settings(inputs.runs)},
         )
     )
@@ -280,25 +283,24 @@ def code_constants() -> dict[str, Any]:
         "min_probed_trials": conditions.MIN_PROBED_TRIALS,
         "probe_spread_multiplier": conditions.PROBE_SPREAD_MULTIPLIER,
         "probe_spread": conditions.PROBE_SPREAD,
-        "default_probe_deviation": float(conditions.settings(None)["max_probe_deviation"]),
+        "default_probe_deviation": default_settings().conditions.max_probe_deviation,
         "breakdown_sum_tolerance": breakdown.SUM_TOLERANCE,
     }
 
 
-def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """What the Method section reads of a run's config, with what its trials can reach."""
-    steps = config.get("steps") if isinstance(config.get("steps"), Mapping) else {}
-    trials = config.get("trials")
-    counted = trials if isinstance(trials, int) and not isinstance(trials, bool) else 0
+def run_settings(settings: Settings) -> dict[str, Any]:
+    """What the Method section reads of a run's settings, with what its trials can reach."""
+    trials = settings.trials
+    counted = trials or 0
     return {
-        "device": config.get("device"),
+        "device": settings.device,
         "trials": trials,
-        "warmup": steps.get("warmup"),
-        "measured": steps.get("measured"),
-        "numerics": steps.get("numerics"),
-        "timeout_s": config.get("timeout_s"),
-        "conditions": conditions.settings(config),
-        "compare_rule": rule_sentence(change_verdict.Rule.of(config)),
+        "warmup": settings.steps.warmup,
+        "measured": settings.steps.measured,
+        "numerics": settings.steps.numerics,
+        "timeout_s": settings.timeout_s,
+        "conditions": settings.conditions.to_mapping(),
+        "compare_rule": rule_sentence(change_verdict.Rule.of(settings)),
         "pairs_coverage": (
             ranks.shift_interval_rank(counted, counted, columns.CONFIDENCE)[1]
             if counted >= 2

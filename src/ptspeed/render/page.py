@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from ptspeed.plan.settings import Settings
 from ptspeed.render.figures import Chart
 from ptspeed.render.tables import Table
 
@@ -43,7 +44,7 @@ class ReportInputs:
     runs: pd.DataFrame
     summary: pd.DataFrame
     speedups: pd.DataFrame
-    config: Mapping[str, Any]
+    settings: Settings
     claims: Mapping[str, Any]
     steps: pd.DataFrame | None = None
     earlier: pd.DataFrame | None = None  # an earlier run's runs table (compare.earlier)

@@ -21,6 +21,7 @@ import pandas as pd
 from ptspeed.analysis.columns import RUNS_COLUMNS, SPEEDUP_COLUMNS, STEPS_COLUMNS, SUMMARY_COLUMNS
 from ptspeed.analysis.conditions import mostly_perturbed
 from ptspeed.cell.files import write_atomic
+from ptspeed.plan.settings import Settings
 from ptspeed.render.page import ReportInputs
 from ptspeed.render.sections import build_sections
 from ptspeed.render.templates import REPO_TEMPLATES_DIR, template_environment
@@ -33,7 +34,7 @@ def render(
     runs: pd.DataFrame,
     summary: pd.DataFrame,
     speedups: pd.DataFrame,
-    config: Mapping[str, Any],
+    settings: Settings,
     claims: Mapping[str, Any],
     out_dir: str | Path,
     templates_dir: str | Path | None = None,
@@ -53,7 +54,7 @@ def render(
     if steps is not None:
         check_columns(steps, STEPS_COLUMNS, "steps")
     environment = page_templates(templates_dir)
-    inputs = ReportInputs(runs, summary, speedups, config, claims, steps, earlier)
+    inputs = ReportInputs(runs, summary, speedups, settings, claims, steps, earlier)
     sections = build_sections(inputs)
     warning = mostly_perturbed(runs)
     outputs = {"index.html": HTML_TEMPLATE, "report.md": MARKDOWN_TEMPLATE}

@@ -16,17 +16,16 @@ from typing import Any
 
 import pandas as pd
 
-from ptspeed.analysis.change_verdict import AA_SPREAD, Rule
+from ptspeed.analysis.change_verdict import Rule
 from ptspeed.analysis.columns import COMPILER_REASONS, SIDES
 from ptspeed.analysis.compare import compare_runs
-from ptspeed.analysis.compare_inputs import defaults_of
-from ptspeed.analysis.conditions import settings
 from ptspeed.analysis.machine_change import machine_changes
 from ptspeed.analysis.nodes import comparison_nodes
 from ptspeed.analysis.reruns import stopped_sentence
 from ptspeed.analysis.suites import suite_figures, suite_members
 from ptspeed.analysis.summary import status_counts
 from ptspeed.analysis.versions import torch_versions, version_table
+from ptspeed.plan.settings import Settings
 from ptspeed.render.breakdown import comparison_chart, version_blocks, why_column
 from ptspeed.render.comparison import (
     DISPLAY_HEADERS,
@@ -73,8 +72,8 @@ from ptspeed.render.tables import (
 
 def seed_section(inputs: ReportInputs) -> Section:
     frame = inputs.speedups
-    keep = bool(settings(inputs.config)["keep_perturbed"])
-    results = str(inputs.config.get("results", "results"))
+    keep = inputs.settings.conditions.keep_perturbed
+    results = inputs.settings.results
     blocks = [
         block
         for name in dict.fromkeys(frame["comparison"])
@@ -219,10 +218,9 @@ def earlier_section(inputs: ReportInputs) -> Section | None:
     earlier = inputs.earlier
     if earlier is None:
         return None
-    defaults = defaults_of(inputs.config, "this run's config")
-    keep = defaults.keep_perturbed
-    compare = inputs.config.get("compare") or {}
-    rule = Rule(defaults.min_effect, AA_SPREAD, defaults.min_window_s)
+    settings = inputs.settings
+    keep = settings.conditions.keep_perturbed
+    rule = Rule.of(settings)
     compared = compare_runs(earlier, inputs.runs, rule.min_effect, keep, rule.min_window_s)
     machine = [
         Block(note=line) for line in machine_lines(machine_changes(earlier, inputs.runs, keep))
@@ -242,12 +240,12 @@ def earlier_section(inputs: ReportInputs) -> Section | None:
         id="earlier",
         title="Against an earlier run",
         intro=(
-            f"Each cell of this run (new) against {compare.get('earlier') or 'an earlier run'} "
+            f"Each cell of this run (new) against {settings.compare.earlier or 'an earlier run'} "
             "(old), as scripts/compare.py sets them: - slower, + faster, x not comparable."
         ),
         blocks=[
             *machine,
-            Block(note=rule_line(rule, defaults.source)),
+            Block(note=rule_line(rule, "this run's config")),
             Block(
                 table=Table.of(columns, rows),
                 footnote=verdict_line(compared),
@@ -359,14 +357,13 @@ def timing_section(inputs: ReportInputs) -> Section:
 
 
 def drift_section(inputs: ReportInputs) -> Section:
-    comparisons = inputs.config.get("comparisons") or {}
     blocks = [
         chart_block(
             lambda comparison=comparison: drift_plot(inputs.runs, comparison),
-            format_text(comparison.get("title") or name),
+            format_text(comparison.title or name),
             "no ok trial of this comparison recorded when it ran",
         )
-        for name, comparison in comparisons.items()
+        for name, comparison in inputs.settings.comparisons.items()
     ]
     return Section(
         id="drift",
@@ -395,7 +392,7 @@ def failures_section(inputs: ReportInputs) -> Section:
         blocks=[
             Block(table=failures),
             *_retried_blocks(runs),
-            _perturbed_block(runs, inputs.config),
+            _perturbed_block(runs, inputs.settings),
             Block(
                 table=noise,
                 heading="Noisy cells",
@@ -417,11 +414,11 @@ def _retried_blocks(runs: pd.DataFrame) -> list[Block]:
     return [Block(table=table, heading="Retried at half the batch size", note=note)]
 
 
-def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
+def _perturbed_block(runs: pd.DataFrame, settings: Settings) -> Block:
     """The trials judged perturbed by what ran beside them (see the method's rules)."""
     flagged = runs["perturbed"].map(is_true).astype(bool)
     judged = int(runs["perturbed"].notna().sum())
-    kept = settings(config)["keep_perturbed"]
+    kept = settings.conditions.keep_perturbed
     fate = (
         "kept in the speedups (conditions.keep_perturbed)" if kept else "left out of the speedups"
     )
@@ -430,7 +427,7 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
         f"{int(flagged.sum())} of {judged} judged ok trials ran perturbed, {fate}; "
         f"{plural(reruns, 'rerun')} (rerun of: the configured trial it repeats)."
     )
-    stopped = stopped_sentence(runs, config)
+    stopped = stopped_sentence(runs, settings)
     note += f" {stopped}" if stopped else ""
     table = Table.of(PERTURBED_TABLE, runs[flagged].to_dict("records"))
     return Block(table=table, heading="Perturbed trials", note=note)
@@ -439,9 +436,9 @@ def _perturbed_block(runs: pd.DataFrame, config: Mapping[str, Any]) -> Block:
 def suites_section(inputs: ReportInputs) -> Section | None:
     """Per suite, comparison and platform: the dynamo dashboard's figures (none without a
     suite in the config)."""
-    if not suite_members(inputs.config):
+    if not suite_members(inputs.settings):
         return None
-    figures = suite_figures(inputs.speedups, inputs.summary, inputs.runs, inputs.config)
+    figures = suite_figures(inputs.speedups, inputs.summary, inputs.runs, inputs.settings)
     return Section(
         id="suites",
         title="Suites",
