@@ -5,7 +5,8 @@ build the model and a synthetic batch from the seed; apply the variant's
 process-wide switches (TF32, cuDNN autotuning, memory fraction); start the device's libraries
 the same way in every torch version; warm up (the first step, which holds compilation, timed
 on its own; then the knob's one-off calls, the check steps and any step that still compiles,
-all before the measured window); time the measured steps; count FLOPs on a meta-device copy;
+all before the measured window); time the measured steps (:mod:`ptspeed.cell.measurement.window`,
+the probes, node samples and peak memory at its ends); count FLOPs on a meta-device copy;
 then run eager fp64 and fp32 steps from the check steps' snapshots and judge the variant
 (:mod:`ptspeed.cell.measurement.reference`, :mod:`ptspeed.cell.measurement.numerics`). Any
 exception becomes a record with a status, never a crash.
@@ -194,7 +195,7 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     if flops is not None and run.metrics.throughput_samples_per_s:
         record.metrics.flops_per_sample = flops
         record.metrics.achieved_flops_per_s = flops * run.metrics.throughput_samples_per_s
-    record.numerics = _guarded_numerics(spec, model_spec, knobs, host_batch, run, device)
+    record.numerics = _guarded_numerics(cell, run)
     if record.numerics.passed is False:
         record.status = "numerics_mismatch"
         record.reason = numerics.mismatch_reason(record.numerics)
@@ -337,16 +338,10 @@ def _checked_step(
     return [] if values is None else [(snapshot, values)]
 
 
-def _guarded_numerics(
-    spec: CellSpec,
-    model_spec: ModelSpec,
-    knobs: Knobs,
-    host_batch: Batch,
-    run: VariantRun,
-    device: torch.device,
-) -> numerics.NumericsCheck:
+def _guarded_numerics(cell: CellInputs, run: VariantRun) -> numerics.NumericsCheck:
     """The numerics check; a reference that cannot run leaves the numerics not checked, with
     the reason, and never costs the measured result."""
+    spec, model_spec, knobs, device = cell.spec, cell.model_spec, cell.knobs, cell.device
     if not _wants_check(spec, knobs):
         why = (
             "numerics_steps is 0"
@@ -360,7 +355,9 @@ def _guarded_numerics(
         return numerics.not_checked("outputs have data-dependent shapes (detections)")
     try:
         precision = cell_precision(knobs, device, run.runs_cudnn)
-        check = check_numerics(spec, model_spec, knobs, host_batch, run.checks, device, precision)
+        check = check_numerics(
+            spec, model_spec, knobs, cell.host_batch, run.checks, device, precision
+        )
     except Exception as exc:
         release_memory(device)
         what = "out of memory" if is_out_of_memory(exc) else type(exc).__name__
