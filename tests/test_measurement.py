@@ -17,7 +17,7 @@ from helpers import TINY_FIELDS, tiny_cell
 from ptspeed.cell import device, harness, provenance
 from ptspeed.cell.device import resolve_device, use_compiler_cache
 from ptspeed.cell.harness import cell_precision, run_cell, runs_cudnn
-from ptspeed.cell.measurement import numerics, reference, warmup
+from ptspeed.cell.measurement import numerics, reference, warmup, window
 from ptspeed.cell.measurement.warmup import WarmupPlan
 from ptspeed.cell.record import CellSpec
 from ptspeed.cell.steps import Step, build_model
@@ -322,11 +322,11 @@ def test_fp32_on_cuda_is_tf32_only_where_the_model_runs_what_tf32_is_on_for(
 
 def test_gradscalers_skipped_steps_are_read_from_its_scale_around_the_window() -> None:
     """Each skip (an fp16 overflow) halves the scale; no scaler, nothing recorded."""
-    assert harness._scaler_skips(65536.0, 16384.0) == {
+    assert window.scaler_skips(65536.0, 16384.0) == {
         "amp_scale_before": 65536.0, "amp_scale_after": 16384.0, "amp_skipped_steps": 2,
     }  # fmt: skip
-    assert harness._scaler_skips(1024.0, 2048.0)["amp_skipped_steps"] == 0  # grew: none
-    assert harness._scaler_skips(None, None) == {}
+    assert window.scaler_skips(1024.0, 2048.0)["amp_skipped_steps"] == 0  # grew: none
+    assert window.scaler_skips(None, None) == {}
 
 
 def test_a_driver_too_old_for_the_wheels_cuda_is_a_failure_naming_both(

@@ -29,7 +29,7 @@ from ptspeed.analysis.conditions import (
 from ptspeed.analysis.machine_change import machine_changes
 from ptspeed.analysis.trial_readings import probe_group, probe_s
 from ptspeed.cell.faults import FAULTS_VARIABLE, SLOW_MACHINE, SLOW_STEP
-from ptspeed.cell.measurement import probe
+from ptspeed.cell.measurement import memory, probe
 from ptspeed.cell.record_window import Conditions
 from ptspeed.render.comparison import machine_lines
 
@@ -110,11 +110,11 @@ def test_both_ends_go_into_the_conditions_and_a_process_that_did_not_probe_write
 
 
 def test_the_probes_buffers_stay_out_of_the_peak_memory() -> None:
-    assert probe.larger_peak((100, "process_peak_rss"), (80, "process_peak_rss")) == (
+    assert memory.larger_peak((100, "process_peak_rss"), (80, "process_peak_rss")) == (
         100,
         "process_peak_rss",
     )
-    assert probe.larger_peak((None, "x"), (80, "x")) == (80, "x")
+    assert memory.larger_peak((None, "x"), (80, "x")) == (80, "x")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

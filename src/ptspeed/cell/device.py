@@ -1,13 +1,11 @@
 """The device a cell runs on: which one, the process-wide switches of its variant (TF32, cuDNN
 autotuning, memory fraction, the compiler's cache), starting its libraries before the first
-timed step, and its peak memory."""
+timed step."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import resource
 import shutil
 from pathlib import Path
 
@@ -20,7 +18,6 @@ from ptspeed.errors import Unsupported
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 # Present where the NVIDIA kernel driver is loaded (and in a container that shares /proc).
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
-KIB = 1024
 
 
 def apply_backend_settings(knobs: Knobs, device: torch.device) -> None:
@@ -109,25 +106,3 @@ def _driver_version() -> str:
 def torch_version() -> tuple[int, int]:
     major, minor = torch.__version__.split(".")[:2]
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    # Writing 5 to clear_refs resets the kernel's peak RSS (VmHWM) to the current RSS.
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5", encoding="ascii")
-
-
-def peak_memory(device: torch.device) -> tuple[int | None, str]:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "cuda_allocator_peak"
-    try:
-        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * KIB, "process_peak_rss"
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB, "process_peak_rss"

@@ -32,6 +32,7 @@ it, the cell runs as usual on its device.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -39,13 +40,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
 from ptspeed.cell.checks import FAULTS
 from ptspeed.cell.record import CellSpec
 from ptspeed.errors import BadInput
 
 FAULTS_VARIABLE = "PTSPEED_FAULTS"
+NUMERICS = "numerics"
+LATE = "late"
+WRONG_OUTPUT_SCALE = 1.1
 OOM_ONCE = "oom-once"
 NEIGHBOUR = "neighbour"
 SLOW_MACHINE = "slow-machine"
@@ -59,6 +63,7 @@ SPIN = "while True: pass"
 SELECTOR_FIELDS = ("env", "model", "variant", "mode", "trial")
 _PART = r"(?:\*|[A-Za-z0-9][A-Za-z0-9._-]*)"
 _ENTRY = re.compile(rf"({_PART}(?:/{_PART}){{4}})=([a-z][a-z0-9-]*)")
+Sample = TypeVar("Sample")
 
 
 def parse_faults(text: str) -> list[tuple[tuple[str, ...], str]]:
@@ -136,5 +141,40 @@ def slowed_steps(step: Callable[[], Any], fault: str) -> Callable[[], Any]:
         output = step()
         time.sleep(SLOW_STEP_FRACTION * (time.perf_counter() - begun))
         return output
+
+    return slowed
+
+
+def wrong_outputs(step: Callable[[], Any], fault: str, checked_until: int) -> Callable[[], Any]:
+    """``step`` itself, or a step whose tensor output is made wrong (times
+    :data:`WRONG_OUTPUT_SCALE`): under the ``numerics`` fault in every call, under the ``late``
+    fault from call ``checked_until`` on (the first after the check steps; calls counted from
+    the warm-up's first)."""
+    if fault not in (NUMERICS, LATE):
+        return step
+    # Imported here, not at the top: the cell command imports this module without torch.
+    from torch import Tensor
+
+    first_wrong = 0 if fault == NUMERICS else checked_until
+    calls = itertools.count()
+
+    def wrong() -> Any:
+        output = step()
+        if next(calls) >= first_wrong and isinstance(output, Tensor):
+            return output * WRONG_OUTPUT_SCALE
+        return output
+
+    return wrong
+
+
+def slowed_sampling(sample: Callable[[Any], Sample], fault: str) -> Callable[[Any], Sample]:
+    """``sample`` itself, or under the ``slow-sampling`` fault a sampling that first sleeps
+    :data:`SLOW_SAMPLING_S` (as ``nvidia-smi`` can take a second on one rank)."""
+    if fault != SLOW_SAMPLING:
+        return sample
+
+    def slowed(device: Any) -> Sample:
+        time.sleep(SLOW_SAMPLING_S)
+        return sample(device)
 
     return slowed

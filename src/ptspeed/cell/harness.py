@@ -5,7 +5,8 @@ build the model and a synthetic batch from the seed; apply the variant's
 process-wide switches (TF32, cuDNN autotuning, memory fraction); start the device's libraries
 the same way in every torch version; warm up (the first step, which holds compilation, timed
 on its own; then the knob's one-off calls, the check steps and any step that still compiles,
-all before the measured window); time the measured steps; count FLOPs on a meta-device copy;
+all before the measured window); time the measured steps (:mod:`ptspeed.cell.measurement.window`,
+the probes, node samples and peak memory at its ends); count FLOPs on a meta-device copy;
 then run eager fp64 and fp32 steps from the check steps' snapshots and judge the variant
 (:mod:`ptspeed.cell.measurement.reference`, :mod:`ptspeed.cell.measurement.numerics`). Any
 exception becomes a record with a status, never a crash.
@@ -25,44 +26,34 @@ import torch
 
 from ptspeed.cell.device import (
     apply_backend_settings,
-    peak_memory,
     prepare_device,
-    reset_peak_memory,
     resolve_device,
     torch_version,
     use_compiler_cache,
 )
-from ptspeed.cell.faults import SLOW_SAMPLING, SLOW_SAMPLING_S, slowed_steps, window_load
+from ptspeed.cell.faults import slowed_sampling, slowed_steps, window_load, wrong_outputs
 from ptspeed.cell.gpu_code import device_reason
-from ptspeed.cell.measurement import conditions, numerics, probe, profiling
-from ptspeed.cell.measurement.memory import is_out_of_memory
+from ptspeed.cell.measurement import conditions, numerics
+from ptspeed.cell.measurement.memory import is_out_of_memory, release_memory, reset_peak_memory
 from ptspeed.cell.measurement.reference import (
     CheckCapture,
     Snapshot,
     check_numerics,
     host_copy,
-    loss_scale,
     momentum_buffers,
 )
-from ptspeed.cell.measurement.timing import make_timer, timed_loop
+from ptspeed.cell.measurement.timing import make_timer
 from ptspeed.cell.measurement.warmup import Warmup, WarmupPlan, loss_of, warm_up
+from ptspeed.cell.measurement.window import MeasuredWindow, WindowResult
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
-from ptspeed.cell.record import CellSpec, Conditions, Metrics, Profile, Record, utc_now
-from ptspeed.cell.steps import (
-    Step,
-    batch_supplier,
-    build_model,
-    make_step,
-    release_memory,
-    to_device,
-)
+from ptspeed.cell.record import CellSpec, Profile, Record, utc_now
+from ptspeed.cell.record_window import Conditions, Metrics
+from ptspeed.cell.steps import Step, batch_supplier, build_model, make_step, to_device
 from ptspeed.cell.variants import compiler
 from ptspeed.cell.variants.knobs import Knobs, parse_knobs, unsupported_for_model
 from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes, check_spec_sizes, get_model
 
-WRONG_OUTPUT_SCALE = 1.1
-OUTPUT_FAULTS = ("numerics", "late")  # faults that change a step's returned value
 TRACEBACK_LINES_KEPT = 25
 GATE_IN_FIRST_TRIAL = "checked in the cell's first trial (the same seeded computation)"
 
@@ -189,7 +180,8 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     prepare_device(device)
     if knobs.compile_mode is not None:
         compiler.reset()
-    run = _measure_variant(spec, model_spec, model, knobs, host_batch, device, placement)
+    cell = CellInputs(spec, model_spec, knobs, host_batch, device, placement)
+    run = _measure_variant(cell, model)
     record.metrics = run.metrics
     record.metrics.compiler_cache = cache
     record.conditions = run.conditions
@@ -204,98 +196,102 @@ def _run(spec: CellSpec, record: Record, placement: SingleProcess) -> None:
     if flops is not None and run.metrics.throughput_samples_per_s:
         record.metrics.flops_per_sample = flops
         record.metrics.achieved_flops_per_s = flops * run.metrics.throughput_samples_per_s
-    record.numerics = _guarded_numerics(spec, model_spec, knobs, host_batch, run, device)
+    record.numerics = _guarded_numerics(cell, run)
     if record.numerics.passed is False:
         record.status = "numerics_mismatch"
         record.reason = numerics.mismatch_reason(record.numerics)
 
 
-def _measure_variant(
-    spec: CellSpec,
-    model_spec: ModelSpec,
-    model: Any,
-    knobs: Knobs,
-    host_batch: Batch,
-    device: torch.device,
-    placement: SingleProcess,
-) -> VariantRun:
+@dataclass(frozen=True)
+class CellInputs:
+    """What a cell measures, but its model (which the caller frees before the references)."""
+
+    spec: CellSpec
+    model_spec: ModelSpec
+    knobs: Knobs
+    host_batch: Batch
+    device: torch.device
+    placement: SingleProcess
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """The wrapped model's step and what goes with it: the check steps' capture, the fault this
+    process injects, the attention implementation and whether cuDNN computes part of it."""
+
+    step: Step
+    capture: CheckCapture
+    fault: str
+    attention: str
+    runs_cudnn: bool
+
+
+def _prepare_step(cell: CellInputs, model: Any) -> PreparedStep:
+    spec, model_spec, placement = cell.spec, cell.model_spec, cell.placement
     parameter_names = [name for name, _ in model.named_parameters()]
     attention = model_spec.attention(model) if model_spec.attention else ""
-    model, step_knobs = placement.wrap(model, knobs, device, model_spec.blocks)
+    model, step_knobs = placement.wrap(model, cell.knobs, cell.device, model_spec.blocks)
     fault = placement.fault(spec.fault)
-    step = placement.make_step(model_spec, model, step_knobs, spec.mode, device, fault=fault)
+    step = placement.make_step(model_spec, model, step_knobs, spec.mode, cell.device, fault=fault)
+    copies = not spec.numerics_by_first_trial
     capture = CheckCapture(
-        model,
-        step,
-        placement,
-        spec.mode,
-        device,
-        parameter_names,
-        copies=not spec.numerics_by_first_trial,
+        model, step, placement, spec.mode, cell.device, parameter_names, copies=copies
     )
-    plan = WarmupPlan.of(spec, step.one_off_calls, checks=_wants_check(spec, knobs))
-    next_batch = batch_supplier(host_batch, knobs, device, plan.longest + spec.measured_steps + 1)
+    return PreparedStep(step, capture, fault, attention, runs_cudnn(model))
+
+
+def _measure_variant(cell: CellInputs, model: Any) -> VariantRun:
+    spec, device, placement = cell.spec, cell.device, cell.placement
+    prepared = _prepare_step(cell, model)
+    step, fault = prepared.step, prepared.fault
+    plan = WarmupPlan.of(spec, step.one_off_calls, checks=_wants_check(spec, cell.knobs))
+    total_steps = plan.longest + spec.measured_steps + 1
+    next_batch = batch_supplier(cell.host_batch, cell.knobs, device, total_steps)
+
+    def plain_step() -> Any:
+        return step(next_batch())  # nothing else on the timed path of a real cell
+
+    cell_step = wrong_outputs(plain_step, fault, plan.checked_until)
     reset_peak_memory(device)
     # The steps draw random numbers (dropout, detection samplers): start them from the same
     # state as the eager references, whatever the loader drew before.
     torch.manual_seed(spec.seed)
-
-    def run_step(index: int) -> Any:
-        return faulty_output(step(next_batch()), fault, index, plan.checked_until)
-
-    timer = make_timer(torch, device)
     placement.barrier()
-    warmup = warm_up(plan, run_step, capture, timer, fault, placement.barrier)
+    warmup = warm_up(
+        plan, cell_step, prepared.capture, make_timer(torch, device), fault, placement.barrier
+    )
     placement.barrier()
-    indices = iter(range(warmup.steps_run, warmup.steps_run + spec.measured_steps + 1))
-
-    def measured_step() -> Any:
-        if fault in OUTPUT_FAULTS:
-            return run_step(next(indices))
-        return step(next_batch())  # nothing else on the timed path of a real cell
-
-    measured_step = slowed_steps(measured_step, fault)  # itself but for the slow-step fault
+    sample = slowed_sampling(conditions.begin, fault)
+    window = MeasuredWindow(spec, device, step, placement.reports, placement.barrier, sample)
     # Only train mode's late check reads a kept output: an infer cell keeps none, whose copy
     # (a whole output, inside the window) would count in its peak memory.
     late_position = plan.late_index - warmup.steps_run if spec.mode == "train" else -1
     with window_load(fault):
-        if fault == SLOW_SAMPLING:
-            time.sleep(SLOW_SAMPLING_S)
-        scale_before = loss_scale(step)  # reads the device: before the window
-        # The machine's speed just outside the window, its buffers kept out of the peak memory.
-        warmup_peak = peak_memory(device)
-        probe_before = probe.measure(device) if placement.reports else None
-        reset_peak_memory(device)
-        window = conditions.begin(device)  # samples outside the timed loop, at both ends
-        # Every rank has sampled (a /proc scan, nvidia-smi: up to a second, unequal): the
-        # clocks start together, or the early ranks' first step would wait out the others.
-        placement.barrier()
-        timer = make_timer(torch, device)
-        timing, last_output, late_output = timed_loop(
-            timer, measured_step, spec.measured_steps, keep=late_position, edges=window
-        )
-        window_conditions = window.end()
-        scale_after = loss_scale(step)
-        window_peak = peak_memory(device)
-        probe_after = probe.measure(device) if placement.reports else None
-    probe.note(window_conditions, probe_before, probe_after)
-    memory_bytes, memory_kind = probe.larger_peak(warmup_peak, window_peak)
+        window.begin()
+        window.run(slowed_steps(cell_step, fault), spec.measured_steps, keep=late_position)
+        measured = window.end()
     # Read before the post-window step, which a CUDA graph's replay writes over the outputs.
-    losses = (
-        _losses(warmup, last_output, late_output, plan.late_index) if spec.mode == "train" else {}
-    )
+    losses = _losses(warmup, measured, plan.late_index) if spec.mode == "train" else {}
     checks = warmup.checks
-    if plan.check_count and capture.copies:
+    if plan.check_count and prepared.capture.copies:
         # One more step, after the measured window, checked from its own snapshot: a variant
         # that went wrong during the measurement (a recompilation mid-run) is caught here.
-        checks = [*checks, *_checked_step(capture, run_step, next(indices))]
-    # Last of all: a few steps under the profiler, after everything that reads the window.
-    profile = profiling.profile_steps(
-        spec, lambda: step(next_batch()), step.optimizer, device, placement.reports
+        checks = [*checks, *_checked_step(prepared.capture, cell_step)]
+    profile = window.profile(plain_step)
+    metrics = _metrics(cell, warmup, measured, prepared.attention)
+    metrics = dataclasses.replace(metrics, **losses, **measured.scaler_skips())
+    window_conditions = placement.combine_telemetry(measured.conditions)
+    return VariantRun(
+        metrics, checks, plan.check_from, window_conditions, prepared.runs_cudnn, profile
     )
-    placement.barrier()
+
+
+def _metrics(cell: CellInputs, warmup: Warmup, measured: WindowResult, attention: str) -> Metrics:
+    """The window's and the warm-up's metrics over every process of the cell."""
+    timing, batch_size = measured.timing, cell.spec.batch_size
+    memory_bytes, memory_kind = measured.peak_memory
     metrics = Metrics(
-        throughput_samples_per_s=timing.throughput(spec.batch_size),
+        throughput_samples_per_s=timing.throughput(batch_size),
         measured_wall_s=timing.wall_s,
         step_time_p50_s=timing.p50_s,
         step_time_mean_s=timing.mean_s,
@@ -307,33 +303,18 @@ def _measure_variant(
         one_off_steps=warmup.one_off_steps,
         peak_memory_bytes=memory_bytes,
         memory_kind=memory_kind,
-        batch_size_per_process=spec.batch_size,
-        fsdp_wrap_policy=getattr(placement, "wrap_policy", ""),
+        batch_size_per_process=batch_size,
+        fsdp_wrap_policy=getattr(cell.placement, "wrap_policy", ""),
         attn_implementation=attention,
     )
-    metrics = dataclasses.replace(
-        placement.combine(metrics), **losses, **_scaler_skips(scale_before, scale_after)
-    )
-    window_conditions = placement.combine_telemetry(window_conditions)
-    return VariantRun(
-        metrics, checks, plan.check_from, window_conditions, runs_cudnn(model), profile
-    )
+    return cell.placement.combine(metrics)
 
 
-def _scaler_skips(before: float | None, after: float | None) -> dict[str, Any]:
-    """GradScaler's scale around the window and the steps it skipped there (each skip halves
-    the scale; a growth, once per 2000 good steps, would hide one: a lower bound)."""
-    if before is None or after is None or before <= 0 or after <= 0:
-        return {}
-    skipped = max(0, round(math.log2(before / after)))
-    return {"amp_scale_before": before, "amp_scale_after": after, "amp_skipped_steps": skipped}
-
-
-def _losses(warmup: Warmup, last_output: Any, late_output: Any, late_index: int) -> dict[str, Any]:
+def _losses(warmup: Warmup, measured: WindowResult, late_index: int) -> dict[str, Any]:
     """The train-mode loss metrics: the first, the last and the late check's (the loss of step
     ``late_index``, from the warm-up or the measured window); a non-finite one named apart."""
-    last_loss = loss_of(last_output)
-    late_loss = warmup.late_loss if late_index < warmup.steps_run else loss_of(late_output)
+    last_loss = loss_of(measured.last_output)
+    late_loss = warmup.late_loss if late_index < warmup.steps_run else loss_of(measured.kept_output)
     losses = (warmup.first_loss, last_loss, late_loss)
     return {
         "loss_first": finite_or_none(warmup.first_loss),
@@ -351,32 +332,17 @@ def _wants_check(spec: CellSpec, knobs: Knobs) -> bool:
 
 
 def _checked_step(
-    capture: CheckCapture, run_step: Callable[[int], Any], index: int
+    capture: CheckCapture, run_step: Callable[[], Any]
 ) -> list[tuple[Snapshot, numerics.StepValues]]:
     snapshot = capture.before()
-    values = capture.after(snapshot, run_step(index))
+    values = capture.after(snapshot, run_step())
     return [] if values is None else [(snapshot, values)]
 
 
-def faulty_output(output: Any, fault: str, index: int, checked_until: int) -> Any:
-    """The step's output, made wrong by the ``numerics`` fault (every step) or the ``late``
-    fault (every step after the check steps): tests of the suite only."""
-    wrong = fault == OUTPUT_FAULTS[0] or (fault == OUTPUT_FAULTS[1] and index >= checked_until)
-    if wrong and isinstance(output, torch.Tensor):
-        return output * WRONG_OUTPUT_SCALE
-    return output
-
-
-def _guarded_numerics(
-    spec: CellSpec,
-    model_spec: ModelSpec,
-    knobs: Knobs,
-    host_batch: Batch,
-    run: VariantRun,
-    device: torch.device,
-) -> numerics.NumericsCheck:
+def _guarded_numerics(cell: CellInputs, run: VariantRun) -> numerics.NumericsCheck:
     """The numerics check; a reference that cannot run leaves the numerics not checked, with
     the reason, and never costs the measured result."""
+    spec, model_spec, knobs, device = cell.spec, cell.model_spec, cell.knobs, cell.device
     if not _wants_check(spec, knobs):
         why = (
             "numerics_steps is 0"
@@ -390,7 +356,9 @@ def _guarded_numerics(
         return numerics.not_checked("outputs have data-dependent shapes (detections)")
     try:
         precision = cell_precision(knobs, device, run.runs_cudnn)
-        check = check_numerics(spec, model_spec, knobs, host_batch, run.checks, device, precision)
+        check = check_numerics(
+            spec, model_spec, knobs, cell.host_batch, run.checks, device, precision
+        )
     except Exception as exc:
         release_memory(device)
         what = "out of memory" if is_out_of_memory(exc) else type(exc).__name__

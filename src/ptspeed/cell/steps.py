@@ -8,7 +8,6 @@ user's own training loop would do.
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +42,6 @@ def build_model(
     torch.manual_seed(seed)
     options = {"attn": attn} if model_spec.attention is not None else {}
     return model_spec.build(sizes, **options).to(device)
-
-
-def release_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def prepare_model(model: torch.nn.Module, knobs: Knobs, mode: str) -> Any:

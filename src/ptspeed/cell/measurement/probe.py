@@ -120,22 +120,32 @@ def note(conditions: Conditions, before: ProbeTimes | None, after: ProbeTimes | 
     conditions.probe_work = f"{WORK}; {build()}"
 
 
+class WindowProbe:
+    """The probe just before a measured window (:meth:`start`) and just after it (:meth:`stop`),
+    run where ``runs`` (the reporting process), and :meth:`note` to write both."""
+
+    def __init__(self, device: Any, runs: bool) -> None:
+        self._device = device
+        self._runs = runs
+        self._before: ProbeTimes | None = None
+        self._after: ProbeTimes | None = None
+
+    def start(self) -> None:
+        self._before = measure(self._device) if self._runs else None
+
+    def stop(self) -> None:
+        self._after = measure(self._device) if self._runs else None
+
+    def note(self, conditions: Conditions) -> None:
+        note(conditions, self._before, self._after)
+
+
 @lru_cache(maxsize=1)
 def build() -> str:
     """What runs the probe's work: ``"torch 2.0.1+cpu, BLAS mkl"`` (the BLAS as the build
     states it, ``unknown`` where it does not)."""
     found = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
     return f"torch {torch.__version__}, BLAS {found[1] if found else 'unknown'}"
-
-
-def larger_peak(
-    warmup: tuple[int | None, str], window: tuple[int | None, str]
-) -> tuple[int | None, str]:
-    """The peak memory of the warm-up and window together, from the peak read before the first
-    probe and the one read, after a reset past that probe, before the second: the probes' own
-    buffers are in neither."""
-    peaks = [peak for peak in (warmup[0], window[0]) if peak is not None]
-    return (max(peaks) if peaks else None), window[1]
 
 
 def median_repetition(repetition: Callable[[], float], repetitions: int = REPETITIONS) -> float:

@@ -67,7 +67,7 @@ class Warmup:
 
 def warm_up(
     plan: WarmupPlan,
-    run_step: Callable[[int], Any],
+    run_step: Callable[[], Any],
     capture: CheckCapture,
     timer: CpuTimer,
     fault: str,
@@ -87,7 +87,7 @@ def warm_up(
             barrier()
             timer.begin()
             _inject_fault(fault)
-        output = run_step(index)
+        output = run_step()
         if index == 0:
             timer.end()
             first_step_s = timer.result().wall_s

@@ -371,19 +371,38 @@ def unsupported_reason(
     tell (a model TorchScript cannot take, SDPA in an old transformers stack) is found when
     the model is built or first called.
     """
+    return (
+        _compile_reason(knobs, torch_version, python)
+        or _cuda_only_reason(knobs, device_type)
+        or _cudagraphs_reason(knobs, device_type, torch_version, ragged_output, sdpa_mask_check)
+        or _model_reason(knobs, image_model, attention_model)
+        or _distributed_reason(knobs, device_type, torch_version)
+    )
+
+
+def _compile_reason(knobs: Knobs, torch_version: tuple[int, int], python: tuple[int, int]) -> str:
+    """Why this torch and Python cannot compile as ``knobs`` ask ('' when they can)."""
+    if knobs.compile_mode is None:
+        return ""
     version = ".".join(map(str, torch_version))
-    if knobs.compile_mode is not None:
-        if torch_version < (2, 0):
-            return f"torch.compile needs PyTorch >= 2.0 (this environment has {version})"
-        if torch_version < (2, 1) and python >= (3, 11):
-            return "torch.compile in PyTorch 2.0 supports Python <= 3.10"
-        if knobs.cudagraphs:
-            return "cudagraphs with compile: use compile=reduce-overhead instead"
-        if knobs.compile_mode == "max-autotune-no-cudagraphs" and torch_version < (2, 1):
-            return (
-                "compile=max-autotune-no-cudagraphs needs PyTorch >= 2.1 (torch.compile in "
-                f"{version} knows default, reduce-overhead and max-autotune)"
-            )
+    if torch_version < (2, 0):
+        return f"torch.compile needs PyTorch >= 2.0 (this environment has {version})"
+    if torch_version < (2, 1) and python >= (3, 11):
+        return "torch.compile in PyTorch 2.0 supports Python <= 3.10"
+    if knobs.cudagraphs:
+        return "cudagraphs with compile: use compile=reduce-overhead instead"
+    if knobs.compile_mode == "max-autotune-no-cudagraphs" and torch_version < (2, 1):
+        return (
+            "compile=max-autotune-no-cudagraphs needs PyTorch >= 2.1 (torch.compile in "
+            f"{version} knows default, reduce-overhead and max-autotune)"
+        )
+    return ""
+
+
+def _cuda_only_reason(knobs: Knobs, device_type: str) -> str:
+    """The first knob of ``knobs`` that only CUDA has, on another device ('' when none)."""
+    if device_type == "cuda":
+        return ""
     cuda_only = {
         "prefetch (host-to-device copies on a side CUDA stream; the CPU has none to "
         "overlap)": knobs.prefetch,
@@ -394,35 +413,52 @@ def unsupported_reason(
         "tf32 (TF32 matmuls and convolutions)": knobs.tf32 is not None,
         "cudnn_benchmark (cuDNN autotuning)": knobs.cudnn_benchmark is not None,
     }
-    if device_type != "cuda":
-        for what, wanted in cuda_only.items():
-            if wanted:
-                return f"{what} needs a CUDA device (this cell runs on {device_type})"
-    if knobs.cudagraphs and knobs.precision(device_type) == "fp16":
+    for what, wanted in cuda_only.items():
+        if wanted:
+            return f"{what} needs a CUDA device (this cell runs on {device_type})"
+    return ""
+
+
+def _cudagraphs_reason(
+    knobs: Knobs,
+    device_type: str,
+    torch_version: tuple[int, int],
+    ragged_output: bool,
+    sdpa_mask_check: bool,
+) -> str:
+    """Why a whole-step CUDA graph cannot capture this cell's step ('' when it can)."""
+    if not knobs.cudagraphs:
+        return ""
+    if knobs.precision(device_type) == "fp16":
         return (
             "cudagraphs with fp16 AMP: GradScaler synchronises with the host and cannot be captured"
         )
-    if knobs.cudagraphs and (knobs.loader_workers or knobs.pin_memory) and torch_version < (2, 1):
+    if (knobs.loader_workers or knobs.pin_memory) and torch_version < (2, 1):
         return (
             "cudagraphs with a DataLoader or pinned memory needs PyTorch >= 2.1: the loader's "
             "threads call CUDA during the capture, which only capture_error_mode='thread_local' "
-            f"(2.1) allows ({version})"
+            f"(2.1) allows ({'.'.join(map(str, torch_version))})"
         )
-    if knobs.cudagraphs and ragged_output:
+    if ragged_output:
         return (
             "cudagraphs: the model's shapes depend on its data (proposals, detections), and a "
             "CUDA graph replays fixed shapes"
         )
-    if knobs.cudagraphs and sdpa_mask_check and torch_version >= (2, 1) and knobs.attn != "eager":
+    if sdpa_mask_check and torch_version >= (2, 1) and knobs.attn != "eager":
         return (
             "cudagraphs with transformers' SDPA attention: its attention-mask check reads the "
             "device from the host, which a CUDA graph capture forbids; use attn=eager"
         )
+    return ""
+
+
+def _model_reason(knobs: Knobs, image_model: bool, attention_model: bool) -> str:
+    """Why the model's kind does not take a model-level knob ('' when it does)."""
     if knobs.channels_last and not image_model:
         return "channels_last applies to image models (4-D inputs) only"
     if knobs.attn and not attention_model:
         return "attn applies to models with transformers' attention (the text models) only"
-    return _distributed_reason(knobs, device_type, torch_version)
+    return ""
 
 
 def unsupported_for_model(
