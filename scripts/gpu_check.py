@@ -39,7 +39,8 @@ from ptspeed.cell import hostenv
 from ptspeed.cell.arguments import to_arguments
 from ptspeed.cell.measurement.telemetry import NVML_ENERGY_MIN_WINDOW_S
 from ptspeed.cell.record import CellSpec, Record, read_record
-from ptspeed.cell.variants.knobs import parse_knobs, unsupported_for_model
+from ptspeed.cell.variants.knobs import parse_knobs
+from ptspeed.cell.variants.support import unsupported_for_model
 from ptspeed.envs.venvs import venv_dir, venv_python
 from ptspeed.launch.gpus import node_pool
 from ptspeed.launch.watchdog import end_process_group

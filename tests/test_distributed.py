@@ -26,7 +26,8 @@ from ptspeed.cell.faults import SLOW_SAMPLING_S
 from ptspeed.cell.harness import run_cell
 from ptspeed.cell.parallelism.distributed import Rank
 from ptspeed.cell.record import CellSpec, Record
-from ptspeed.cell.variants.knobs import parse_knobs, threads_per_process, unsupported_reason
+from ptspeed.cell.variants.knobs import parse_knobs, threads_per_process
+from ptspeed.cell.variants.support import unsupported_reason
 from ptspeed.errors import BadInput
 from ptspeed.launch.torchrun import (
     launcher_failures,

@@ -17,9 +17,8 @@ from ptspeed.cell.variants.knobs import (
     KNOB_NAMES,
     Knobs,
     parse_knobs,
-    unsupported_for_model,
-    unsupported_reason,
 )
+from ptspeed.cell.variants.support import unsupported_for_model, unsupported_reason
 from ptspeed.errors import BadInput
 from ptspeed.models import get_model
 

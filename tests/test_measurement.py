@@ -21,7 +21,8 @@ from ptspeed.cell.measurement import numerics, reference, warmup, window
 from ptspeed.cell.measurement.warmup import WarmupPlan
 from ptspeed.cell.record import CellSpec
 from ptspeed.cell.steps import Step, build_model
-from ptspeed.cell.variants.knobs import parse_knobs, unsupported_reason
+from ptspeed.cell.variants.knobs import parse_knobs
+from ptspeed.cell.variants.support import unsupported_reason
 from ptspeed.errors import BadInput, Unsupported
 from ptspeed.models import Sizes, get_model
 

@@ -24,7 +24,8 @@ from ptspeed.cell.parallelism.stages import (
     staged_layers,
 )
 from ptspeed.cell.record import CellSpec, Record
-from ptspeed.cell.variants.knobs import parse_knobs, unsupported_reason
+from ptspeed.cell.variants.knobs import parse_knobs
+from ptspeed.cell.variants.support import unsupported_reason
 from ptspeed.errors import BadInput, Unsupported
 from ptspeed.launch.watchdog import run_cell_in_worker
 from ptspeed.launch.worker import placement_of

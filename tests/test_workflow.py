@@ -36,7 +36,8 @@ from helpers import (
 
 from ptspeed.cell.measurement.breakdown import STEP_ANNOTATION
 from ptspeed.cell.measurement.profiling import read_trace
-from ptspeed.cell.variants.knobs import parse_knobs, unsupported_reason
+from ptspeed.cell.variants.knobs import parse_knobs
+from ptspeed.cell.variants.support import unsupported_reason
 from ptspeed.envs.venvs import lock_hash
 
 pytestmark = pytest.mark.workflow

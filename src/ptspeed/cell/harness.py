@@ -50,7 +50,8 @@ from ptspeed.cell.record import CellSpec, Profile, Record, utc_now
 from ptspeed.cell.record_window import Conditions, Metrics
 from ptspeed.cell.steps import Step, batch_supplier, build_model, make_step, to_device
 from ptspeed.cell.variants import compiler
-from ptspeed.cell.variants.knobs import Knobs, parse_knobs, unsupported_for_model
+from ptspeed.cell.variants.knobs import Knobs, parse_knobs
+from ptspeed.cell.variants.support import unsupported_for_model
 from ptspeed.errors import Unsupported
 from ptspeed.models import Batch, ModelSpec, Sizes, check_spec_sizes, get_model
 
