@@ -28,8 +28,9 @@ from ptspeed.analysis.conditions import (
 )
 from ptspeed.analysis.machine_change import machine_changes
 from ptspeed.analysis.trial_readings import probe_group, probe_s
+from ptspeed.cell import memory
 from ptspeed.cell.faults import FAULTS_VARIABLE, SLOW_MACHINE, SLOW_STEP
-from ptspeed.cell.measurement import memory, probe
+from ptspeed.cell.measurement import probe
 from ptspeed.cell.record_window import Conditions
 from ptspeed.render.comparison import machine_lines
 

@@ -16,7 +16,7 @@ from helpers import benchmark_python, tiny_cell
 
 from ptspeed.cell.checks import check_cell
 from ptspeed.cell.harness import run_cell
-from ptspeed.cell.parallelism.microbatch import micro_batched, split, weights
+from ptspeed.cell.microbatch import micro_batched, split, weights
 from ptspeed.cell.parallelism.stages import (
     balanced_split,
     describe_split,

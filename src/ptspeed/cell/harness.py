@@ -34,7 +34,6 @@ from ptspeed.cell.device import (
 from ptspeed.cell.faults import slowed_sampling, slowed_steps, window_load, wrong_outputs
 from ptspeed.cell.gpu_code import device_reason
 from ptspeed.cell.measurement import conditions, numerics
-from ptspeed.cell.measurement.memory import is_out_of_memory, release_memory, reset_peak_memory
 from ptspeed.cell.measurement.reference import (
     CheckCapture,
     Snapshot,
@@ -45,6 +44,7 @@ from ptspeed.cell.measurement.reference import (
 from ptspeed.cell.measurement.timing import make_timer
 from ptspeed.cell.measurement.warmup import Warmup, WarmupPlan, loss_of, warm_up
 from ptspeed.cell.measurement.window import MeasuredWindow, WindowResult
+from ptspeed.cell.memory import is_out_of_memory, release_memory, reset_peak_memory
 from ptspeed.cell.provenance import collect, collect_base, note_backend_settings, python_version
 from ptspeed.cell.record import CellSpec, Profile, Record, utc_now
 from ptspeed.cell.record_window import Conditions, Metrics
@@ -70,9 +70,8 @@ class VariantRun:
 
 
 class SingleProcess:
-    """How the cell takes part: alone in this process.
-    :class:`ptspeed.cell.parallelism.distributed.Rank` is the same interface for one process of a
-    ddp/fsdp cell."""
+    """How the cell takes part: alone in this process. Each process of a ddp/fsdp cell takes
+    part through an object of the same interface, one per rank."""
 
     reports = True  # whether this process checks numerics (rank 0 only)
 
@@ -106,7 +105,7 @@ class SingleProcess:
         fault: str = "",
     ) -> Step:
         """The step of the wrapped model (:func:`ptspeed.cell.steps.make_step`); a stage of a
-        modelpar/pipeline cell has its own (:mod:`ptspeed.cell.parallelism.stages`)."""
+        modelpar/pipeline cell has its own (the parallelism package's stages)."""
         return make_step(model_spec, model, knobs, mode, device, fault=fault)
 
     def momentum(self, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor | None]:

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from ptspeed.cell.measurement import numerics
-from ptspeed.cell.measurement.memory import release_memory
-from ptspeed.cell.parallelism.microbatch import micro_batched
+from ptspeed.cell.memory import release_memory
+from ptspeed.cell.microbatch import micro_batched
 from ptspeed.cell.record import CellSpec, NumericsCheck
 from ptspeed.cell.steps import Step, build_model, make_step, to_device
 from ptspeed.cell.variants.knobs import STAGED, Knobs

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from ptspeed.cell.measurement import conditions, probe, profiling
-from ptspeed.cell.measurement.memory import Peak, PeakMemory
 from ptspeed.cell.measurement.reference import loss_scale
 from ptspeed.cell.measurement.timing import TimingResult, make_timer, timed_loop
+from ptspeed.cell.memory import Peak, PeakMemory
 from ptspeed.cell.record import CellSpec, Profile
 from ptspeed.cell.record_window import Conditions
 from ptspeed.cell.steps import Step

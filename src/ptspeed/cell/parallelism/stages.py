@@ -21,7 +21,7 @@ gradients accumulated, then each stage's optimizer step. ``modelpar`` is the sam
 micro-batch (naive model parallelism: one stage busy at a time). Each activation is preceded
 by a small header (dtype and shape) and followed by the random generator's state, so that the
 next stage draws dropout masks where the previous left off
-(:mod:`ptspeed.cell.parallelism.microbatch`). The loss, computed by the last stage, is broadcast to
+(:mod:`ptspeed.cell.microbatch`). The loss, computed by the last stage, is broadcast to
 every rank as the step's output; in inference the last stage returns the output. The numerics gate
 compares rank 0's gathered loss, gradients and update with eager over the same micro-batches.
 
@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 
 from ptspeed.cell.measurement.reference import host_copy
+from ptspeed.cell.microbatch import split, step_seed, weights
 from ptspeed.cell.parallelism.distributed import Rank
-from ptspeed.cell.parallelism.microbatch import split, step_seed, weights
 from ptspeed.cell.record import CellSpec
 from ptspeed.cell.record_window import Metrics
 from ptspeed.cell.steps import LEARNING_RATE, MOMENTUM, Step, _autocast_factory

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ptspeed.cell.measurement.memory import is_out_of_memory
+from ptspeed.cell.memory import is_out_of_memory
 from ptspeed.errors import Unsupported
 
 # TorchScript's profiling executor records the first call and builds the optimised graph on
