@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib import image as mpimg
 
-from ptspeed.analysis.aggregate import read_mapping
+from ptspeed.analysis.aggregate import read_mapping, read_settings
 from ptspeed.analysis.columns import read_table
 from ptspeed.render.page import ReportInputs, Section
 from ptspeed.render.report import HTML_TEMPLATE, page_templates
@@ -45,8 +45,8 @@ def seed_table_page(tables_dir: Path, config_path: Path, claims_path: Path) -> s
     runs, summary, speedups = (
         read_table(tables_dir / f"{name}.csv") for name in ("runs", "summary", "speedups")
     )
-    config, claims = read_mapping(config_path), read_mapping(claims_path)
-    seed = seed_section(ReportInputs(runs, summary, speedups, config, claims))
+    settings, claims = read_settings(config_path), read_mapping(claims_path)
+    seed = seed_section(ReportInputs(runs, summary, speedups, settings, claims))
     first_table = next(block for block in seed.blocks if block.table is not None)
     section = Section(seed.id, seed.title, seed.intro, [first_table])
     return page_templates().get_template(HTML_TEMPLATE).render(sections=[section], warning="")
