@@ -54,7 +54,7 @@ ALLOWED_THIRD_PARTY = {
     "plan": {"yaml", "jsonschema"},
     "envs": {"yaml"},
     "analysis": {"numpy", "pandas", "scipy", "yaml"},
-    "render": {"numpy", "pandas", "jinja2", "matplotlib", "seaborn"},
+    "render": {"numpy", "pandas", "jinja2", "matplotlib", "PIL", "seaborn"},
 }
 # Host-only libraries that a benchmark environment does not have (yaml and numpy come with
 # the model libraries there, so the source check above is what keeps the cell code off them).

@@ -31,19 +31,16 @@ from helpers import (
 )
 
 from ptspeed.analysis.columns import read_table
-from ptspeed.render.screenshot import page_digest, photograph, seed_table_page, stamped_digest
+from ptspeed.render.screenshot import (
+    HEADLESS_FLAGS,
+    page_digest,
+    photograph,
+    seed_table_page,
+    stamped_digest,
+)
 
 CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+FLAGS = HEADLESS_FLAGS
 LAPTOP = "1280,2000"
 WIDE = "1600,2000"
 NARROW = "500,1600"  # headless Chromium's narrowest window: a large phone held upright

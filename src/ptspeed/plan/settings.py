@@ -16,7 +16,7 @@ that any side may import it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -79,14 +79,23 @@ def _section(cls: type[Section], mapping: Mapping[str, Any], **built: Any) -> Se
 
 
 class _Plain:
-    """Settings that give back the mapping they were built from (the keys given)."""
+    """Settings that give back the mapping they were built from: the keys given, not those
+    left at a field's default (which says "not given")."""
 
     def to_mapping(self) -> dict[str, Any]:
         return {
             item.name: thawed(getattr(self, item.name))
             for item in fields(self)  # type: ignore[arg-type]
-            if getattr(self, item.name) is not None
+            if _given(item, getattr(self, item.name))
         }
+
+
+def _given(item: Field[Any], value: Any) -> bool:
+    if item.default is not MISSING:
+        return value != item.default
+    if item.default_factory is not MISSING:
+        return value != item.default_factory()
+    return value is not None
 
 
 @dataclass(frozen=True)
@@ -171,9 +180,6 @@ class Environment(_Plain):
     base_image: str = ""
     image: str = ""
 
-    def to_mapping(self) -> dict[str, Any]:
-        return {key: value for key, value in super().to_mapping().items() if value != ""}
-
 
 @dataclass(frozen=True)
 class SizeTable(_Plain):
@@ -183,10 +189,6 @@ class SizeTable(_Plain):
     image_size: int | None = None
     seq_len: int | None = None
     shape: Mapping[str, int] = field(default_factory=lambda: EMPTY)
-
-    def to_mapping(self) -> dict[str, Any]:
-        given = super().to_mapping()
-        return {key: value for key, value in given.items() if key != "shape" or value}
 
 
 @dataclass(frozen=True)
@@ -210,9 +212,6 @@ class Model(_Plain):
     def sizes(self, device_class: str) -> SizeTable | None:
         """The sizes table on ``device_class`` (None: none, or not a device class)."""
         return getattr(self, device_class, None) if device_class in ("cpu", "cuda") else None
-
-    def to_mapping(self) -> dict[str, Any]:
-        return {key: value for key, value in super().to_mapping().items() if value != ""}
 
 
 @dataclass(frozen=True)
@@ -254,9 +253,6 @@ class Comparison(_Plain):
     @property
     def sides(self) -> tuple[Side, Side]:
         return self.baseline, self.candidate
-
-    def to_mapping(self) -> dict[str, Any]:
-        return {key: value for key, value in super().to_mapping().items() if value != ""}
 
 
 def _named(build: Any, entries: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -309,10 +305,6 @@ class Settings(_Plain):
             suites=_named(Suite.from_mapping, mapping["suites"]),
             comparisons=_named(Comparison.from_mapping, mapping["comparisons"]),
         )
-
-    def to_mapping(self) -> dict[str, Any]:
-        given = super().to_mapping()
-        return {key: value for key, value in given.items() if key != "platform_plan" or value}
 
     def model_sizes(self, model: str, device_class: str) -> SizeTable | None:
         """The sizes table of ``model`` on ``device_class`` (None: none, or no such model)."""

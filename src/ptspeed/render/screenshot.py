@@ -8,13 +8,13 @@ picture made from another page than today's code renders.
 from __future__ import annotations
 
 import hashlib
-import struct
 import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
 from matplotlib import image as mpimg
+from PIL import Image
 
 from ptspeed.analysis.aggregate import read_mapping, read_settings
 from ptspeed.analysis.columns import read_table
@@ -26,16 +26,16 @@ DIGEST_KEY = "ptspeed-page-sha256"
 WINDOW = "1100,900"  # wide enough for the seed table's columns, tall enough for its rows
 MARGIN_PX = 12
 SHADE_STEP = 32  # each colour channel rounded to a multiple of this: fewer shades, a smaller PNG
-PNG_SIGNATURE_BYTES = 8
-CHROMIUM_FLAGS = [
+# Headless Chromium on a machine without a network (it would try Google's hosts at every start).
+HEADLESS_FLAGS = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
+    "--disable-quic",
     "--no-first-run",
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--hide-scrollbars",
 ]
 CHROMIUM_TIMEOUT_S = 60
 
@@ -63,7 +63,8 @@ def photograph(html: str, png: Path, chromium: Path) -> None:
         page.write_text(html, encoding="utf-8")
         command = [
             str(chromium),
-            *CHROMIUM_FLAGS,
+            *HEADLESS_FLAGS,
+            "--hide-scrollbars",
             f"--user-data-dir={Path(scratch) / 'profile'}",
             f"--window-size={WINDOW}",
             f"--screenshot={shot}",
@@ -92,13 +93,5 @@ def cropped(pixels: np.ndarray) -> np.ndarray:
 
 def stamped_digest(png: Path) -> str:
     """The page digest written into ``png``'s text chunk ("" where there is none)."""
-    data = png.read_bytes()
-    position = PNG_SIGNATURE_BYTES
-    while position + 8 <= len(data):
-        length, kind = struct.unpack(">I4s", data[position : position + 8])
-        body = data[position + 8 : position + 8 + length]
-        key, _, value = body.partition(b"\0")
-        if kind == b"tEXt" and key.decode("latin-1") == DIGEST_KEY:
-            return value.decode("latin-1")
-        position += 12 + length  # length, kind, body, CRC
-    return ""
+    with Image.open(png) as picture:
+        return picture.text.get(DIGEST_KEY, "")
