@@ -34,9 +34,9 @@ from ptspeed.analysis.conditions import (
     judge_runs,
     probe_norms,
     quiet_spread,
-    settings,
 )
 from ptspeed.analysis.trial_readings import other_cpu_share, probe_ends, probe_group, steal_share
+from ptspeed.plan.schema import section_with_defaults
 
 # mlp at batch 32: about a second of measured window on a 2-core VM, as long as a short cell.
 MODEL = ["--model", "mlp", "--batch-size", "32", "--warmup-steps", "3", "--numerics-steps", "0"]
@@ -84,7 +84,7 @@ def _with_sources() -> dict[str, str]:
 
 def spread_lines(runs: pd.DataFrame) -> list[str]:
     """Per probe group: the median probe, the ends' deviations from it, the load beside."""
-    limit = float(settings(None)["max_probe_deviation"])
+    limit = float(section_with_defaults(None, "conditions")["max_probe_deviation"])
     rows = [row for row in runs.to_dict("records") if row.get("status") == "ok"]
     norms = probe_norms(rows)
     lines = []

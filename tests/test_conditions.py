@@ -30,7 +30,6 @@ from ptspeed.analysis.conditions import (
     judge_runs,
     mostly_perturbed,
     perturbed_counts,
-    settings,
 )
 from ptspeed.analysis.reruns import (
     rerun_columns,
@@ -43,7 +42,7 @@ from ptspeed.analysis.reruns import (
 from ptspeed.cell.faults import FAULTS_VARIABLE, NEIGHBOUR
 from ptspeed.cell.measurement import conditions
 from ptspeed.cell.record_window import Conditions
-from ptspeed.plan.schema import fill_defaults, load_schema
+from ptspeed.plan.schema import fill_defaults, load_schema, section_with_defaults
 
 # --- the cell's samples --------------------------------------------------------------------------
 
@@ -277,7 +276,9 @@ def test_thresholds_come_from_the_config_and_re_judge() -> None:
     assert not judged(busy)["perturbed"][0]
     strict = {"conditions": {"max_other_cpu_share": 0.25}}
     assert judged(busy, config=strict)["perturbed"][0]
-    assert settings(strict)["keep_perturbed"] is False  # the rest from the schema's defaults
+    assert (
+        section_with_defaults(strict, "conditions")["keep_perturbed"] is False
+    )  # the rest from the schema's defaults
 
 
 def test_a_cells_counts_name_each_rule_once_with_its_trials() -> None:

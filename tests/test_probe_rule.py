@@ -29,10 +29,10 @@ from ptspeed.analysis.conditions import (
     QUIET_SHARE,
     judge_runs,
     quiet_spread,
-    settings,
 )
 from ptspeed.analysis.reruns import reruns_due
 from ptspeed.analysis.trial_readings import other_cpu_share, probe_ends
+from ptspeed.plan.schema import section_with_defaults
 
 PROBES = Path(__file__).parent / "fixtures" / "probes"
 CONFIG = settings_of({"trials": 5, "conditions": {"reruns": 2}})
@@ -184,7 +184,7 @@ def test_the_stated_spread_is_the_measured_one_and_the_default_has_margin() -> N
         PROBE_SPREAD.largest,
         PROBE_SPREAD.spread,
     )
-    default = settings(None)["max_probe_deviation"]
+    default = section_with_defaults(None, "conditions")["max_probe_deviation"]
     assert default >= 1.5 * PROBE_SPREAD.largest and default >= 5 * PROBE_SPREAD.spread
     ends = [end for row in rows for end in probe_ends(row)]
     assert all(end > 0 for end in ends)

@@ -16,10 +16,9 @@ import pandas as pd
 
 from ptspeed.analysis.aggregate import read_mapping
 from ptspeed.analysis.columns import CELL_KEYS, platform_column, read_table
-from ptspeed.analysis.conditions import settings
 from ptspeed.errors import InputError
 from ptspeed.plan.layout import runs_csv_of
-from ptspeed.plan.schema import fill_defaults, load_schema
+from ptspeed.plan.schema import section_with_defaults
 
 # The config the workflow writes beside a run's tables (rule effective_config).
 CONFIG_SNAPSHOT = "config.json"
@@ -74,14 +73,6 @@ class Defaults:
     source: str
 
 
-def compare_settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``compare`` settings of ``config``, the schema's defaults filling the gaps."""
-    given = (config or {}).get("compare")
-    filled: dict[str, Any] = {"compare": dict(given) if isinstance(given, Mapping) else {}}
-    fill_defaults(filled, {"properties": {"compare": load_schema()["properties"]["compare"]}})
-    return filled["compare"]
-
-
 def config_beside(runs_path: str | Path) -> Path | None:
     """The config snapshot of a result set: ``config.json`` in its results directory (beside
     ``tables/``) or beside its runs.csv; None where there is none."""
@@ -102,9 +93,9 @@ def run_defaults(old_path: str | Path, new_path: str | Path) -> Defaults:
 
 
 def defaults_of(config: Mapping[str, Any] | None, source: str) -> Defaults:
-    conditions = settings(config)
+    conditions = section_with_defaults(config, "conditions")
     return Defaults(
-        float(compare_settings(config)["min_effect"]),
+        float(section_with_defaults(config, "compare")["min_effect"]),
         float(conditions["min_window_s"]),
         bool(conditions["keep_perturbed"]),
         source,

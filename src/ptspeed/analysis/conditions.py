@@ -65,7 +65,7 @@ from ptspeed.analysis.trial_readings import (
     steal_share,
 )
 from ptspeed.cell.record_window import Conditions
-from ptspeed.plan.schema import fill_defaults, load_schema
+from ptspeed.plan.schema import section_with_defaults
 from ptspeed.plan.settings import Settings
 
 # Per-rank lists stay in the records.
@@ -172,20 +172,15 @@ PROBE_FIXTURE_COLUMNS = [
 ]  # fmt: skip
 
 
-def settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``conditions`` thresholds of ``config``, the schema's defaults filling the gaps."""
-    given = (config or {}).get("conditions")
-    filled: dict[str, Any] = {"conditions": dict(given) if isinstance(given, Mapping) else {}}
-    schema = load_schema()
-    fill_defaults(filled, {"properties": {"conditions": schema["properties"]["conditions"]}})
-    return filled["conditions"]
-
-
 def judge_runs(runs: pd.DataFrame, run: Settings | None = None) -> pd.DataFrame:
     """``runs`` with ``perturbed`` and ``perturbed_reason`` set for every ok trial, each round's
     trials against the run's typical trial of the rounds up to theirs (:func:`judgement_rounds`),
     by the ``run``'s thresholds (without settings, the schema's defaults)."""
-    thresholds = run.conditions.to_mapping() if run is not None else settings(None)
+    thresholds = (
+        run.conditions.to_mapping()
+        if run is not None
+        else section_with_defaults(None, "conditions")
+    )
     runs = runs.copy()
     rows = runs.to_dict("records")
     verdicts: list[tuple[Any, str]] = [(pd.NA, "")] * len(rows)

@@ -57,6 +57,15 @@ def default_of(*keys: str) -> Any:
     return copy.deepcopy(spec["default"])
 
 
+def section_with_defaults(config: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    """The ``name`` section of ``config`` (a run's config snapshot, or None), the schema's
+    defaults filling the gaps."""
+    given = (config or {}).get(name)
+    filled: dict[str, Any] = {name: dict(given) if isinstance(given, Mapping) else {}}
+    fill_defaults(filled, {"properties": {name: load_schema()["properties"][name]}})
+    return filled[name]
+
+
 def default_config() -> dict[str, Any]:
     """The default matrix (config/config.yaml) with the schema's defaults filled in."""
     with open(DEFAULT_CONFIG_PATH, encoding="utf-8") as handle:
