@@ -245,6 +245,26 @@ def ptspeed(
     )
 
 
+def first_round_and_reruns(results: Path, trials: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """A whole run's records of the first round (trial < ``trials``), after asserting that every
+    other record is a rerun the run's judge_trials listed (a perturbed trial runs again: on a
+    shared machine that is the run's right, not a fault), and those reruns' paths."""
+    first, later = [], []
+    for path in sorted((results / "records").rglob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record["cell"]["trial"] < trials:
+            first.append(record)
+        else:
+            later.append(path.relative_to(results).as_posix())
+    listed = {
+        rerun
+        for round_ in (results / "reruns").glob("round*.json")
+        for rerun in json.loads(round_.read_text(encoding="utf-8"))["reruns"]
+    }
+    assert set(later) == listed, f"records beyond the first round {later}, reruns listed {listed}"
+    return first, later
+
+
 def read_valid_record(path: Path) -> Record:
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     Draft202012Validator(json_schema()).validate(data)

@@ -9,7 +9,6 @@ bounded: Snakemake runs under a timeout, and jobs a failed run leaves behind are
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import shlex
@@ -22,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from helpers import ROOT, TINY_STEPS, settings_of, write_config
+from helpers import ROOT, TINY_STEPS, first_round_and_reruns, settings_of, write_config
 from helpers import snakemake as run_snakemake
 
 from ptspeed.errors import ConfigError
@@ -349,9 +348,10 @@ def readme_command(start: str) -> list[str]:
     raise AssertionError(f"{CLUSTER_GUIDE} has no command starting with {start!r}")
 
 
-def records(results: Path) -> list[dict[str, Any]]:
-    paths = sorted((results / "records").rglob("*.json"))
-    return [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+def records(results: Path, trials: int) -> list[dict[str, Any]]:
+    """The run's records of its first round (any other is a rerun its judgement listed)."""
+    first, _ = first_round_and_reruns(results, trials)
+    return first
 
 
 @pytest.fixture(scope="module")
@@ -374,7 +374,7 @@ def test_a_comparisons_trials_run_side_by_side_on_one_node_of_two(
     config = slurm_config(tmp_path, mem_mb=min(int(mb) for mb in memory))
     output, _, prefix = run_on_slurm(tmp_path, config)
     results = tmp_path / "results"
-    found = records(results)
+    found = records(results, MATRIX["trials"])
     assert len(found) == 4
     assert {r["status"] for r in found} == {"ok"}, [r.get("reason") for r in found]
     for table in ("runs", "summary", "speedups", "steps"):
@@ -468,7 +468,7 @@ def test_each_platforms_cells_run_in_its_partition(tmp_path: Path, slurm_node: N
     config = slurm_config(tmp_path, trials=1, platforms=PLATFORMS)
     _, _, prefix = run_on_slurm(tmp_path, config)
     results = tmp_path / "results"
-    found = records(results)
+    found = records(results, trials=1)
     assert len(found) == 4
     assert {r["status"] for r in found} == {"ok"}, [r.get("reason") for r in found]
     for record in found:
@@ -498,7 +498,7 @@ def test_a_cuda_cell_asks_for_its_platforms_gpu_type(tmp_path: Path, slurm_node:
     ((job_id, partition),) = jobs_partitions(prefix).items()
     shown = slurm_query("scontrol", "--oneliner", "show", "job", job_id)
     assert partition == "h100" and "TresPerJob=gres:gpu:h100:1" in shown, shown
-    (record,) = records(tmp_path / "results")
+    (record,) = records(tmp_path / "results", trials=1)
     assert record["cell"]["platform"] == "h100"
     # The h100 fake GPU is the node's second (gres.conf order): SLURM gave the job that one.
     assert record["provenance"]["cuda_visible_devices"] in ("0", "1")
@@ -527,7 +527,7 @@ def test_the_readme_login_node_recipe_runs_cuda_cells_on_the_gpu_nodes(
     (job,) = jobs_named(prefix)
     shown = slurm_query("scontrol", "--oneliner", "show", "job", job["id"])
     assert "TresPerJob=gres:gpu:1" in shown and "JobState=COMPLETED" in shown, shown
-    found = records(tmp_path / "results")
+    found = records(tmp_path / "results", trials=1)
     assert len(found) == 2
     for record in found:
         assert record["cell"]["device"] == "cuda" and record["cell"]["batch_size"] == 16
@@ -563,7 +563,7 @@ def test_the_readme_gpu_node_recipe_runs_gpu_cells_side_by_side(
         check=False,
     )
     assert done.returncode == 0, done.stdout[-6000:]
-    found = records(tmp_path / "results")
+    found = records(tmp_path / "results", trials=1)
     assert len(found) == 2, done.stdout[-6000:]
     # auto, decided on the GPU node the job runs on: CUDA cells at GPU sizes.
     assert {(r["cell"]["device"], r["cell"]["batch_size"]) for r in found} == {("cuda", 16)}
