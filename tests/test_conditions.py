@@ -22,7 +22,15 @@ from typing import Any
 import pandas as pd
 import pytest
 import torch
-from helpers import HOSTS, ROOT, settings_of, snakemake, write_config
+from helpers import (
+    HOSTS,
+    ROOT,
+    first_round_and_reruns,
+    make_record,
+    settings_of,
+    snakemake,
+    write_config,
+)
 
 from ptspeed.analysis import ranks
 from ptspeed.analysis.columns import ALPHA, CONFIDENCE, read_table
@@ -41,6 +49,7 @@ from ptspeed.analysis.reruns import (
 )
 from ptspeed.cell.faults import FAULTS_VARIABLE, NEIGHBOUR
 from ptspeed.cell.measurement import conditions
+from ptspeed.cell.record import write_record
 from ptspeed.cell.record_window import Conditions
 from ptspeed.plan.schema import fill_defaults, load_schema, section_with_defaults
 
@@ -386,6 +395,23 @@ def test_the_tables_tell_a_rerun_from_the_trial_it_repeats() -> None:
     assert runs["rerun_of"].tolist()[3:] == [0, 1, 2, 0]
     assert rerun_count(runs["attempt"]) == 4
     assert trial_limit(settings_of({"trials": 3, "conditions": {"reruns": 2}})) == 9
+
+
+def test_a_whole_runs_records_beyond_its_first_round_are_its_listed_reruns(tmp_path: Path) -> None:
+    """What the whole-run tests count: the first round, and beside it only listed reruns."""
+    cell = tmp_path / CELL_DIR
+    for trial in (0, 1, 2, 4):
+        write_record(
+            make_record("torch-2.0", "resnet50", "eager", trial), cell / f"trial{trial}.json"
+        )
+    with pytest.raises(AssertionError, match="beyond the first round"):
+        first_round_and_reruns(tmp_path, trials=3)  # trial 4 that no round listed
+    (tmp_path / "reruns").mkdir()
+    listed = {"attempt": 0, "reruns": [f"{CELL_DIR}/trial4.json"], "stopped": []}
+    (tmp_path / "reruns/round0.json").write_text(json.dumps(listed), encoding="utf-8")
+    first, reruns = first_round_and_reruns(tmp_path, trials=3)
+    assert [r["cell"]["trial"] for r in first] == [0, 1, 2]
+    assert reruns == [f"{CELL_DIR}/trial4.json"]
 
 
 # --- a real run, perturbed on purpose ------------------------------------------------------------
