@@ -34,6 +34,7 @@ from jsonschema import Draft202012Validator
 from torch import nn
 from torch.nn import functional
 
+from ptspeed.analysis.reruns import attempt_of
 from ptspeed.cell.record import CellSpec, NumericsCheck, Provenance, Record, write_record
 from ptspeed.cell.record_window import Metrics
 from ptspeed.cell.schema import json_schema
@@ -252,7 +253,7 @@ def first_round_and_reruns(results: Path, trials: int) -> tuple[list[dict[str, A
     first, later = [], []
     for path in sorted((results / "records").rglob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
-        if record["cell"]["trial"] < trials:
+        if attempt_of(record["cell"]["trial"], trials) == 0:
             first.append(record)
         else:
             later.append(path.relative_to(results).as_posix())

@@ -40,7 +40,6 @@ from ptspeed.render.screenshot import (
 )
 
 CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = HEADLESS_FLAGS
 LAPTOP = "1280,2000"
 WIDE = "1600,2000"
 NARROW = "500,1600"  # headless Chromium's narrowest window: a large phone held upright
@@ -155,7 +154,7 @@ def chromium(root: Path, url: str, *args: str) -> subprocess.CompletedProcess[st
     profile = root / f"profile-{len(profiles)}"
     command = [
         str(CHROMIUM),
-        *FLAGS,
+        *HEADLESS_FLAGS,
         f"--user-data-dir={profile}",
         "--enable-logging=stderr",
         "--v=0",
